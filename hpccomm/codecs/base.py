@@ -1,0 +1,240 @@
+"""The codec protocol, the common packet header, and the codec registry.
+
+A codec turns one rank's float32 vector into one contiguous ``uint8`` packet
+and back.  It is pure: no state lives in it between calls (error feedback is
+:mod:`hpccomm.feedback`'s job), and everything random is drawn from a
+counter-based hash of ``(seed, rank, step, global index)`` carried by
+:class:`EncodeContext`, so results do not depend on thread counts, chunking or
+the device.
+
+Every packet starts with the same 16-byte little-endian header::
+
+    offset  size  field
+    0       2     magic  b"HC"
+    2       1     format version of the codec's layout
+    3       1     codec id (see each codec's module)
+    4       4     codec-specific uint32 (flags, or a count)
+    8       8     n: number of elements encoded (uint64)
+
+followed by the codec's own fields and payload, which each codec documents.
+Decoders validate the header and the exact total size **before** any kernel
+touches the payload: numba kernels do no bounds checks, so a truncated,
+oversized or corrupt packet must be rejected in Python with
+:class:`~hpccomm.errors.PacketError`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Dict, Optional, Tuple, Type
+
+import numpy as np
+
+from ..errors import NonFiniteError, PacketError
+
+MAGIC = b"HC"
+HEADER = np.dtype([("magic", "S2"), ("version", "<u1"), ("codec", "<u1"), ("extra", "<u4"),
+                   ("n", "<u8")])
+HEADER_SIZE = HEADER.itemsize  # 16
+
+
+@dataclass(frozen=True)
+class EncodeContext:
+    """Where an encode call sits, for reproducible random numbers.
+
+    ``offset`` is the global index of the first element of the vector being
+    encoded (chunks of a larger vector pass their start), so element ``i`` of a
+    chunk draws the same random number as element ``offset + i`` of the whole.
+    """
+
+    seed: int = 0
+    rank: int = 0
+    step: int = 0
+    offset: int = 0
+
+
+class Codec:
+    """Base class of all codecs.
+
+    Subclasses set the class attributes and implement :meth:`_encode`,
+    :meth:`_decode_into` (validated packet -> dense values, add or overwrite) and
+    :meth:`_payload_size` (exact packet size given the header), and may
+    override :meth:`wire_size` and :meth:`max_wire_size`.
+    """
+
+    name: ClassVar[str] = ""
+    codec_id: ClassVar[int] = 0
+    version: ClassVar[int] = 1
+    #: decode(encode(x)) == x for finite float32 input
+    lossless: ClassVar[bool] = False
+    #: draws random numbers (reproducibly, from EncodeContext)
+    stochastic: ClassVar[bool] = False
+    #: packets can be summed code-by-code when the scale is shared
+    summable: ClassVar[bool] = False
+    #: packet size depends only on n (so counts need not be exchanged)
+    fixed_size: ClassVar[bool] = True
+    #: biased estimator that needs error feedback to converge
+    biased: ClassVar[bool] = False
+    #: chunk boundaries used by algorithms are multiples of this many elements
+    unit: ClassVar[int] = 1
+    #: input dtypes accepted (others are widened by the caller when possible)
+    input_dtypes: ClassVar[Tuple[str, ...]] = ("float32",)
+
+    def __init__(self, nonfinite: str = "raise"):
+        if nonfinite not in ("raise", "propagate"):
+            raise ValueError(f"nonfinite must be 'raise' or 'propagate', not {nonfinite!r}")
+        self.nonfinite = nonfinite
+
+    # -- description -------------------------------------------------------
+    def params(self) -> Dict[str, object]:
+        """Parameters that must be equal on every rank (used in validation)."""
+        return {}
+
+    def describe(self) -> str:
+        p = ",".join(f"{k}={v}" for k, v in sorted(self.params().items()))
+        return f"{self.name}({p})"
+
+    def __repr__(self) -> str:
+        return f"<codec {self.describe()}>"
+
+    # -- sizes -------------------------------------------------------------
+    def wire_size(self, n: int) -> Optional[int]:
+        """Exact packet size in bytes for ``n`` elements, or ``None`` when it
+        depends on the data."""
+        return None
+
+    def max_wire_size(self, n: int) -> int:
+        """An upper bound on the packet size for ``n`` elements."""
+        size = self.wire_size(n)
+        if size is None:
+            raise NotImplementedError
+        return size
+
+    # -- encode / decode ---------------------------------------------------
+    def encode(self, x: np.ndarray, ctx: EncodeContext = EncodeContext()) -> np.ndarray:
+        """Encode a 1-D float32 array into a packet (``uint8`` array)."""
+        x = self._check_input(x)
+        return self._encode(x, ctx)
+
+    def decode(self, packet: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Overwrite ``out`` (float32, length n) with the decoded values."""
+        header = self.check_packet(packet, out)
+        self._decode_into(packet, header, out, add=False)
+        return out
+
+    def decode_add(self, packet: np.ndarray, out: np.ndarray) -> np.ndarray:
+        """Add the decoded values to ``out`` (float32, length n)."""
+        header = self.check_packet(packet, out)
+        self._decode_into(packet, header, out, add=True)
+        return out
+
+    def roundtrip(self, x: np.ndarray, ctx: EncodeContext = EncodeContext()) -> np.ndarray:
+        out = np.empty(x.size, dtype=np.float32)
+        return self.decode(self.encode(x, ctx), out)
+
+    # -- to implement ------------------------------------------------------
+    def _encode(self, x: np.ndarray, ctx: EncodeContext) -> np.ndarray:
+        raise NotImplementedError
+
+    def _decode_into(self, packet: np.ndarray, header, out: np.ndarray, add: bool) -> None:
+        raise NotImplementedError
+
+    def _payload_size(self, header) -> int:
+        """Exact total packet size (header included) implied by the header;
+        raise PacketError if the header's own fields are inconsistent."""
+        size = self.wire_size(int(header["n"]))
+        if size is None:
+            raise NotImplementedError
+        return size
+
+    # -- helpers for subclasses ---------------------------------------------
+    def _check_input(self, x: np.ndarray) -> np.ndarray:
+        if not isinstance(x, np.ndarray):
+            raise TypeError(f"{self.name}: expected a numpy array, got {type(x).__name__}")
+        if x.dtype != np.float32:
+            raise TypeError(f"{self.name}: expected float32 input, got {x.dtype}")
+        if x.ndim != 1:
+            x = x.reshape(-1)
+        if not x.flags.c_contiguous:
+            raise ValueError(f"{self.name}: input is not contiguous")
+        if self.nonfinite == "raise" and x.size and not np.isfinite(x).all():
+            bad = int(np.count_nonzero(~np.isfinite(x)))
+            raise NonFiniteError(f"{self.name}: input holds {bad} NaN/Inf value(s) "
+                                 "(policy nonfinite='raise')")
+        return x
+
+    def new_packet(self, nbytes: int, n: int, extra: int = 0) -> np.ndarray:
+        """A zeroed packet of ``nbytes`` with the common header filled in."""
+        packet = np.zeros(nbytes, dtype=np.uint8)
+        h = packet[:HEADER_SIZE].view(HEADER)[0]
+        h["magic"] = MAGIC
+        h["version"] = self.version
+        h["codec"] = self.codec_id
+        h["extra"] = extra
+        h["n"] = n
+        return packet
+
+    def check_packet(self, packet: np.ndarray, out: np.ndarray):
+        """Validate header and size of ``packet`` against ``out``; return the header."""
+        if not isinstance(packet, np.ndarray) or packet.dtype != np.uint8 or packet.ndim != 1:
+            raise PacketError(f"{self.name}: a packet is a 1-D uint8 array")
+        if not isinstance(out, np.ndarray) or out.dtype != np.float32 or out.ndim != 1 \
+                or not out.flags.c_contiguous:
+            raise TypeError(f"{self.name}: decode target must be a contiguous 1-D float32 array")
+        if packet.size < HEADER_SIZE:
+            raise PacketError(f"{self.name}: packet of {packet.size} bytes is shorter than the "
+                              f"{HEADER_SIZE}-byte header")
+        header = packet[:HEADER_SIZE].view(HEADER)[0]
+        if bytes(header["magic"]) != MAGIC:
+            raise PacketError(f"{self.name}: bad magic {bytes(header['magic'])!r}")
+        if int(header["codec"]) != self.codec_id:
+            raise PacketError(f"{self.name}: packet is for codec id {int(header['codec'])}, "
+                              f"expected {self.codec_id}")
+        if int(header["version"]) != self.version:
+            raise PacketError(f"{self.name}: packet format version {int(header['version'])} "
+                              f"is not {self.version}")
+        n = int(header["n"])
+        if n != out.size:
+            raise PacketError(f"{self.name}: packet holds {n} elements, target has {out.size}")
+        expected = self._payload_size(header)
+        if packet.size != expected:
+            raise PacketError(f"{self.name}: packet is {packet.size} bytes, its header implies "
+                              f"{expected}")
+        return header
+
+
+# ---------------------------------------------------------------------------
+# Registry
+# ---------------------------------------------------------------------------
+_CODECS: Dict[str, Type[Codec]] = {}
+
+
+def register_codec(cls: Type[Codec]) -> Type[Codec]:
+    """Class decorator: make ``cls`` selectable by ``cls.name``."""
+    if not cls.name:
+        raise ValueError("codec classes need a name")
+    other = _CODECS.get(cls.name)
+    if other is not None and other is not cls:
+        raise ValueError(f"codec name {cls.name!r} is already taken by {other.__qualname__}")
+    for existing in _CODECS.values():
+        if existing.codec_id == cls.codec_id and existing is not cls and existing.name != cls.name:
+            raise ValueError(f"codec id {cls.codec_id} is already taken by {existing.name!r}")
+    _CODECS[cls.name] = cls
+    return cls
+
+
+def available_codecs() -> Tuple[str, ...]:
+    return tuple(sorted(_CODECS))
+
+
+def get_codec(spec, **params) -> Codec:
+    """A codec instance from a name (with ``params``) or an instance."""
+    if isinstance(spec, Codec):
+        if params:
+            raise TypeError("pass codec parameters only with a codec name")
+        return spec
+    if not isinstance(spec, str):
+        raise TypeError(f"codec must be a name or a Codec, not {type(spec).__name__}")
+    cls = _CODECS.get(spec)
+    if cls is None:
+        raise ValueError(f"unknown codec {spec!r}; available: {', '.join(available_codecs())}")
+    return cls(**params)

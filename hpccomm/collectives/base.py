@@ -1,0 +1,97 @@
+"""The algorithm protocol and registry.
+
+An algorithm moves packets between ranks.  It is built once per
+:class:`~hpccomm.Allreducer` from a communicator and a codec and then called as
+``reduce(x, out, state, call, ctx)``:
+
+* ``x`` -- this rank's contribution, a flat contiguous float32 (float64 for
+  algorithms that list it in ``dtypes``) numpy array; it must not be modified;
+* ``out`` -- where the **sum** over ranks goes (same size and dtype);
+  ``op="mean"`` is applied by the caller, once, afterwards;
+* ``state`` -- the key's :class:`~hpccomm.feedback.KeyState` (residuals, caches);
+* ``call`` -- the :class:`~hpccomm.stats.CallStats` to fill in;
+* ``ctx`` -- a :class:`~hpccomm.collectives.base.ReduceContext` (error
+  feedback, step, seed).
+
+Every rank must produce the same bits in ``out``: sums are taken in a fixed
+order and owners use their decoded results exactly as the other ranks do.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Dict, Tuple, Type
+
+import numpy as np
+from mpi4py import MPI
+
+from ..codecs.base import Codec
+from ..feedback import ErrorFeedback, KeyState
+from ..stats import CallStats
+
+
+@dataclass
+class ReduceContext:
+    feedback: ErrorFeedback
+    seed: int = 0
+    step: int = 0
+
+
+class Algorithm:
+    name: ClassVar[str] = ""
+    #: dtypes the algorithm reduces natively
+    dtypes: ClassVar[Tuple[str, ...]] = ("float32",)
+    #: can run on device buffers directly (GPU-aware MPI)
+    supports_device: ClassVar[bool] = False
+
+    def __init__(self, comm: MPI.Comm, codec: Codec, **options):
+        if options:
+            raise TypeError(f"algorithm {self.name!r} takes no options {sorted(options)}")
+        self.comm = comm
+        self.codec = codec
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        self.check_codec(codec)
+
+    def check_codec(self, codec: Codec) -> None:
+        """Raise ValueError if this algorithm cannot carry ``codec``."""
+
+    def params(self) -> Dict[str, object]:
+        return {}
+
+    def describe(self) -> str:
+        p = ",".join(f"{k}={v}" for k, v in sorted(self.params().items()))
+        return f"{self.name}({p})"
+
+    def reduce(self, x: np.ndarray, out: np.ndarray, state: KeyState, call: CallStats,
+               ctx: ReduceContext) -> None:
+        raise NotImplementedError
+
+    def reduce_device(self, x, out, backend, state, call, ctx) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+_ALGORITHMS: Dict[str, Type[Algorithm]] = {}
+
+
+def register_algorithm(cls: Type[Algorithm]) -> Type[Algorithm]:
+    """Class decorator: make ``cls`` selectable by ``cls.name``."""
+    if not cls.name:
+        raise ValueError("algorithm classes need a name")
+    other = _ALGORITHMS.get(cls.name)
+    if other is not None and other is not cls:
+        raise ValueError(f"algorithm name {cls.name!r} is already taken by {other.__qualname__}")
+    _ALGORITHMS[cls.name] = cls
+    return cls
+
+
+def available_algorithms() -> Tuple[str, ...]:
+    return tuple(sorted(_ALGORITHMS))
+
+
+def get_algorithm_class(name: str) -> Type[Algorithm]:
+    if not isinstance(name, str):
+        raise TypeError(f"algorithm must be a name, not {type(name).__name__}")
+    cls = _ALGORITHMS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(available_algorithms())}")
+    return cls

