@@ -50,6 +50,9 @@ class EncodeContext:
     rank: int = 0
     step: int = 0
     offset: int = 0
+    #: shape of the user's tensor, for codecs with per-column statistics
+    #: (empty: treat the vector as 1-D)
+    shape: tuple = ()
 
 
 class Codec:
@@ -76,8 +79,9 @@ class Codec:
     biased: ClassVar[bool] = False
     #: chunk boundaries used by algorithms are multiples of this many elements
     unit: ClassVar[int] = 1
-    #: input dtypes accepted (others are widened by the caller when possible)
-    input_dtypes: ClassVar[Tuple[str, ...]] = ("float32",)
+    #: user dtypes the codec serves; codecs always see float32 (the caller
+    #: widens float16 / bfloat16 and rounds the result back)
+    input_dtypes: ClassVar[Tuple[str, ...]] = ("float32", "float16", "bfloat16")
 
     def __init__(self, nonfinite: str = "raise"):
         if nonfinite not in ("raise", "propagate"):
@@ -95,6 +99,38 @@ class Codec:
 
     def __repr__(self) -> str:
         return f"<codec {self.describe()}>"
+
+    def align(self, shape: tuple) -> int:
+        """Chunk alignment in elements for a tensor of ``shape``: algorithms
+        that cut a vector into chunks put boundaries at multiples of this
+        (e.g. the column length of per-column codecs).  Default: ``unit``."""
+        return self.unit
+
+    # -- summable form (codecs with summable = True) -------------------------
+    # Algorithm "summable" reduces such codecs with one MPI_Allreduce:
+    #   scale = MAX-allreduce of shared_scale(x)          (skipped when None)
+    #   codes = to_summable(x, scale, ctx)                 (int8 codes / float32 values)
+    #   total = SUM-allreduce of codes widened to summable_dtype(P)
+    #   from_summable(total, scale, out)                   -> dense float32
+    # and error feedback uses from_summable(codes, scale, ...) as the decoded
+    # value of this rank's own contribution.
+    def shared_scale(self, x: np.ndarray) -> Optional[np.ndarray]:
+        """float32 array to MAX-reduce across ranks before encoding, or None."""
+        raise NotImplementedError(f"codec {self.name!r} is not summable")
+
+    def to_summable(self, x: np.ndarray, scale: Optional[np.ndarray],
+                    ctx: EncodeContext) -> np.ndarray:
+        """This rank's contribution in a form that sums elementwise."""
+        raise NotImplementedError(f"codec {self.name!r} is not summable")
+
+    def summable_dtype(self, nranks: int) -> np.dtype:
+        """dtype wide enough to hold the sum over ``nranks`` contributions."""
+        raise NotImplementedError(f"codec {self.name!r} is not summable")
+
+    def from_summable(self, total: np.ndarray, scale: Optional[np.ndarray], out: np.ndarray,
+                      add: bool = False) -> np.ndarray:
+        """Dense float32 values of a (summed) summable contribution."""
+        raise NotImplementedError(f"codec {self.name!r} is not summable")
 
     # -- sizes -------------------------------------------------------------
     def wire_size(self, n: int) -> Optional[int]:
