@@ -15,7 +15,9 @@ def read_version():
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     long_description = f.read()
 
-TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6"]
+TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
+        # numpy bfloat16 arrays for the bfloat16 buffer tests
+        "ml_dtypes>=0.3"]
 
 setup(
     name="hpccomm",

@@ -328,9 +328,16 @@ class Buffer:
         return self.host is None
 
 
+_DTYPE_NAMES = {np.dtype(np.float32): "float32", np.dtype(np.float64): "float64",
+                np.dtype(np.float16): "float16"}
+
+
 def _np_dtype_name(dt: np.dtype) -> str:
-    if dt.name in ("float32", "float64", "float16", "bfloat16"):
-        return dt.name
+    name = _DTYPE_NAMES.get(dt)
+    if name is not None:
+        return name
+    if dt.name == "bfloat16":  # ml_dtypes.bfloat16
+        return "bfloat16"
     raise TypeError(f"unsupported dtype {dt}; hpccomm reduces float32 (and float16, bfloat16, "
                     f"float64 where the codec supports them)")
 

@@ -1,0 +1,375 @@
+"""``python -m hpccomm.bench allreduce``: collectives against MPI_Allreduce.
+
+Run under ``mpiexec -n P python -m mpi4py -m hpccomm.bench allreduce ...``.
+Every run measures ``comm.Allreduce`` called directly on the same buffers as
+the baseline (row ``MPI_Allreduce``; ``speedup`` is relative to it), then
+hpccomm's ``none``+``mpi`` (the same MPI call through hpccomm, which shows the
+library's per-call overhead), then each requested (codec, algorithm) case,
+size by size.  Output follows the OSU micro-benchmarks' shape: ``#`` header
+lines, then one row per (size, case).
+
+Timing: each iteration is ``Barrier; t0; reduce; t1`` on every rank; the time
+of an iteration is the slowest rank's (MAX over ranks), and the table reports
+the median, min and max of those over the timed iterations.  Bandwidths follow
+nccl-tests: ``algbw = size / time``, ``busbw = algbw * 2 (P-1)/P``.  For
+compressed cases ``algbw`` counts the uncompressed size (the *effective*
+bandwidth a user sees); ``wire`` is the bytes this rank sent per call
+(the MAX over ranks), ``ratio`` the uncompressed size over ``wire``.
+
+Errors are relative to the exact sum (float64): ``rel_err = ||r - s|| / ||s||``
+and ``max_err = max|r - s| / max|s|``, measured on a separate call with fresh
+state after the timed loop.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import re
+import sys
+import time
+from typing import List, Tuple
+
+import numpy as np
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]?)(i?[bB]?)\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'4K' / '4KiB' / '1M' / '4096' -> bytes (binary units)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4096, 4K, 64M)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_range(text: str) -> Tuple[int, int]:
+    if ":" in text:
+        lo, hi = text.split(":", 1)
+        lo_b = parse_size(lo) if lo else 4
+        hi_b = parse_size(hi)
+    else:
+        lo_b = 4
+        hi_b = parse_size(text)
+    if lo_b < 4 or hi_b < lo_b:
+        raise argparse.ArgumentTypeError(f"bad size range {text!r}: need 4 <= MIN <= MAX")
+    return lo_b, hi_b
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.4g}{unit}"
+        n /= 1024.0
+    return f"{n}"
+
+
+def sizes_from(lo: int, hi: int, factor: float) -> List[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(int(s) // 4 * 4)
+        s = s * factor
+    return sorted(set(max(4, v) for v in out))
+
+
+def default_iterations(nbytes: int) -> int:
+    """OSU-like: many iterations for small messages, few for large ones."""
+    if nbytes <= 64 << 10:
+        return 200
+    if nbytes <= 1 << 20:
+        return 50
+    if nbytes <= 16 << 20:
+        return 10
+    return 5
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m hpccomm.bench allreduce",
+        description="Compare hpccomm collectives with MPI_Allreduce over a size sweep "
+                    "(run under mpiexec/srun).")
+    p.add_argument("-m", "--message-size", type=parse_range, default=(4 << 10, 16 << 20),
+                   metavar="[MIN:]MAX", help="message sizes in bytes of float32 input "
+                   "(units K, M, G = KiB, MiB, GiB; default 4K:16M)")
+    p.add_argument("-f", "--factor", type=float, default=4.0,
+                   help="multiply the size by this between steps (default 4)")
+    p.add_argument("-i", "--iterations", type=int, default=None,
+                   help="timed iterations per size (default: 200 below 64 KiB, 50 to 1 MiB, "
+                        "10 to 16 MiB, 5 above)")
+    p.add_argument("-x", "--warmup", type=int, default=None,
+                   help="untimed warm-up iterations per size (default: iterations/10, >= 2)")
+    p.add_argument("--codec", default="none",
+                   help="comma-separated codecs to compare with MPI_Allreduce (default: none)")
+    p.add_argument("--algorithm", default="mpi",
+                   help="comma-separated algorithms; every codec runs with every algorithm "
+                        "that carries it (default: mpi)")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="codec/algorithm option, e.g. --option ratio=0.01 (repeatable)")
+    p.add_argument("--error-feedback", choices=("auto", "on", "off"), default="auto",
+                   help="error feedback for the compressed cases (default: the codec's default)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="numba threads per rank (default 1: ranks already share the cores)")
+    p.add_argument("--seed", type=int, default=0, help="seed for inputs and stochastic codecs")
+    p.add_argument("-J", "--json", default=None, metavar="FILE", help="write results as JSON")
+    p.add_argument("--csv", default=None, metavar="FILE", help="write results as CSV")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    return p
+
+
+def _option_value(text: str):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.lower() == "none":
+        return None
+    return text
+
+
+def parse_options(items) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"--option takes KEY=VALUE, not {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = _option_value(v.strip())
+    return out
+
+
+def mpi_library() -> str:
+    from mpi4py import MPI
+
+    text = MPI.Get_library_version().strip().splitlines()[0]
+    return re.sub(r"\s+", " ", text)
+
+
+class Progress:
+    """A one-line progress bar on rank 0's stderr (only when it is a terminal)."""
+
+    def __init__(self, total: int, enabled: bool):
+        self.total, self.done = total, 0
+        self.enabled = enabled and sys.stderr.isatty()
+        self.t0 = time.perf_counter()
+
+    def step(self, label: str) -> None:
+        self.done += 1
+        if not self.enabled:
+            return
+        width = 30
+        filled = int(width * self.done / max(self.total, 1))
+        elapsed = time.perf_counter() - self.t0
+        sys.stderr.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.done}/{self.total} "
+                         f"{elapsed:6.1f}s {label[:40]:<40}")
+        sys.stderr.flush()
+        if self.done == self.total:
+            sys.stderr.write("\n")
+
+
+def _errors(res, exact):
+    diff = res.astype(np.float64) - exact
+    norm = float(np.linalg.norm(exact))
+    rel = float(np.linalg.norm(diff)) / norm if norm > 0 else float(np.linalg.norm(diff))
+    peak = float(np.max(np.abs(exact))) if exact.size else 0.0
+    max_err = float(np.max(np.abs(diff))) / peak if peak > 0 else 0.0
+    return rel, max_err
+
+
+def _slowest(comm, times):
+    from mpi4py import MPI
+
+    slowest = np.empty_like(times)
+    comm.Allreduce(times, slowest, op=MPI.MAX)
+    return slowest
+
+
+def run_raw(comm, x, exact, iters, warmup):
+    """The baseline: ``comm.Allreduce(x, out, MPI.SUM)`` called directly."""
+    from mpi4py import MPI
+
+    out = np.empty_like(x)
+    for _ in range(warmup):
+        comm.Allreduce(x, out, op=MPI.SUM)
+    times = np.empty(iters)
+    for it in range(iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        comm.Allreduce(x, out, op=MPI.SUM)
+        times[it] = time.perf_counter() - t0
+    slowest = _slowest(comm, times)
+    rel, max_err = _errors(out, exact)
+    p = comm.Get_size()
+    return {
+        "codec": "-", "algorithm": "MPI_Allreduce", "codec_name": "-",
+        "algorithm_name": "MPI_Allreduce",
+        "time_median": float(np.median(slowest)), "time_min": float(np.min(slowest)),
+        "time_max": float(np.max(slowest)), "iterations": iters,
+        "t_encode": 0.0, "t_comm": float(np.median(slowest)), "t_decode": 0.0,
+        "wire_bytes": 2 * (p - 1) * x.nbytes // p if p > 1 else 0, "wire_modelled": True,
+        "rel_err": rel, "max_err": max_err, "error_feedback": False,
+    }
+
+
+def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed):
+    """Time one (codec, algorithm) at one size.  Returns a result dict."""
+    import hpccomm
+    from mpi4py import MPI
+
+    reducer = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
+                                 check="first", seed=seed, **options)
+    out = np.empty_like(x)
+    key = "bench"
+    for _ in range(warmup):
+        reducer(x, key, out=out)
+    reducer.stats.reset()
+    times = np.empty(iters)
+    phases = np.empty((iters, 3))
+    sent = np.empty(iters)
+    for it in range(iters):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        reducer(x, key, out=out)
+        times[it] = time.perf_counter() - t0
+        last = reducer.stats.last
+        phases[it] = (last.t_encode, last.t_comm, last.t_decode)
+        sent[it] = last.bytes_sent
+    slowest = _slowest(comm, times)
+    local = np.array([*np.median(phases, axis=0), np.max(sent)], dtype=np.float64)
+    worst = np.empty_like(local)
+    comm.Allreduce(local, worst, op=MPI.MAX)
+    # accuracy: a fresh call (no residual), compared with the exact float64 sum
+    fresh = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
+                               check="first", seed=seed, **options)
+    rel, max_err = _errors(fresh(x, "accuracy"), exact)
+    return {
+        "codec": reducer.codec.describe(), "algorithm": reducer.algorithm.describe(),
+        "codec_name": reducer.codec.name, "algorithm_name": reducer.algorithm.name,
+        "time_median": float(np.median(slowest)), "time_min": float(np.min(slowest)),
+        "time_max": float(np.max(slowest)), "iterations": iters,
+        "t_encode": float(worst[0]), "t_comm": float(worst[1]), "t_decode": float(worst[2]),
+        "wire_bytes": int(worst[3]), "wire_modelled": bool(reducer.stats.last.modelled),
+        "rel_err": rel, "max_err": max_err, "error_feedback": reducer.feedback.enabled,
+    }
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from mpi4py import MPI
+
+    import numba
+
+    import hpccomm
+
+    comm = MPI.COMM_WORLD
+    rank, size = comm.Get_rank(), comm.Get_size()
+    numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
+    options = parse_options(args.option)
+    ef = {"auto": None, "on": True, "off": False}[args.error_feedback]
+    codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
+    algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
+    for c in codecs:
+        if c not in hpccomm.available_codecs():
+            raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
+    for a in algorithms:
+        if a not in hpccomm.available_algorithms():
+            raise SystemExit(f"unknown algorithm {a!r}; available: "
+                             f"{', '.join(hpccomm.available_algorithms())}")
+    cases = [("-", "MPI_Allreduce"), ("none", "mpi")]
+    skipped = []
+    for c in codecs:
+        for a in algorithms:
+            if (c, a) in cases:
+                continue
+            try:
+                codec_obj = hpccomm.get_codec(c)
+                from ..collectives.base import get_algorithm_class
+
+                get_algorithm_class(a)(comm, codec_obj)
+            except (ValueError, TypeError) as exc:
+                skipped.append(f"{c}+{a}: {exc}")
+                continue
+            cases.append((c, a))
+    sizes = sizes_from(*args.message_size, args.factor)
+
+    date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    meta = {"tool": f"hpccomm {hpccomm.__version__}", "mpi": mpi_library(),
+            "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
+            "numba": numba.__version__, "ranks": size, "threads": numba.get_num_threads(),
+            "host": platform.node(), "python": platform.python_version(), "date": date,
+            "seed": args.seed, "options": options, "error_feedback": args.error_feedback,
+            "cases": [f"{c}+{a}" for c, a in cases]}
+    if rank == 0:
+        print("# hpccomm allreduce benchmark (compared with MPI_Allreduce in the same run)")
+        print(f"# tool: {meta['tool']}   mpi4py {meta['mpi4py']}   numpy {meta['numpy']}   "
+              f"numba {meta['numba']}")
+        print(f"# MPI: {meta['mpi']}")
+        print(f"# ranks: {size}   numba threads/rank: {meta['threads']}   host: {meta['host']}   "
+              f"date: {date}")
+        print("# datatype: float32, op: sum; time = slowest rank per iteration, median over "
+              "iterations; algbw from the uncompressed size")
+        for s in skipped:
+            print(f"# skipped {s}")
+        cols = ("size", "count", "codec", "algorithm", "med(us)", "min(us)", "max(us)",
+                "algbw(GB/s)", "busbw(GB/s)", "wire(B)", "ratio", "speedup", "rel_err",
+                "enc%", "comm%", "dec%")
+        print("#" + "".join(f"{c:>14}" if i not in (2, 3) else f"{c:>12}"
+                            for i, c in enumerate(cols))[1:])
+        sys.stdout.flush()
+
+    rows = []
+    progress = Progress(len(sizes) * len(cases), rank == 0 and not args.no_progress)
+    for nbytes in sizes:
+        n = nbytes // 4
+        rng = np.random.default_rng([args.seed, rank, n])
+        x = rng.standard_normal(n).astype(np.float32)
+        exact = np.empty(n, dtype=np.float64)
+        comm.Allreduce(x.astype(np.float64), exact, op=MPI.SUM)
+        iters = args.iterations or default_iterations(nbytes)
+        warmup = args.warmup if args.warmup is not None else max(2, iters // 10)
+        baseline = None
+        for codec, algorithm in cases:
+            if algorithm == "MPI_Allreduce":
+                r = run_raw(comm, x, exact, iters, warmup)
+            else:
+                r = run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef,
+                             args.seed)
+            if baseline is None:
+                baseline = r["time_median"]
+            t = r["time_median"]
+            algbw = nbytes / t / 1e9 if t > 0 else float("inf")
+            r.update(size=nbytes, count=n, algbw=algbw, busbw=algbw * 2 * (size - 1) / size,
+                     speedup=baseline / t if t > 0 else float("inf"),
+                     ratio=nbytes / r["wire_bytes"] if r["wire_bytes"] else None)
+            rows.append(r)
+            progress.step(f"{fmt_bytes(nbytes)} {codec}+{algorithm}")
+            if rank == 0:
+                tot = max(t, 1e-12)
+                ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
+                print(f"{nbytes:>13} {n:>13} {codec:>11} {algorithm:>11} "
+                      f"{t * 1e6:>13.1f} {r['time_min'] * 1e6:>13.1f} {r['time_max'] * 1e6:>13.1f} "
+                      f"{algbw:>13.3f} {r['busbw']:>13.3f} {r['wire_bytes']:>13} {ratio:>13} "
+                      f"{r['speedup']:>13.2f} {r['rel_err']:>13.2e} "
+                      f"{100 * r['t_encode'] / tot:>13.1f} {100 * r['t_comm'] / tot:>13.1f} "
+                      f"{100 * r['t_decode'] / tot:>13.1f}", flush=True)
+    if rank == 0:
+        if args.json:
+            with open(args.json, "w", encoding="utf-8") as f:
+                json.dump({"meta": meta, "rows": rows}, f, indent=1)
+        if args.csv:
+            import csv
+
+            keys = list(rows[0].keys()) if rows else []
+            with open(args.csv, "w", newline="", encoding="utf-8") as f:
+                w = csv.DictWriter(f, fieldnames=keys)
+                w.writeheader()
+                w.writerows(rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,115 @@
+"""Helpers shared by the MPI tests.
+
+Rules every MPI test follows so that a failure can never hang the suite:
+collectives first, assertions after; and any data a decision depends on is
+gathered so that every rank decides alike.
+"""
+import hashlib
+
+import numpy as np
+from mpi4py import MPI
+
+import hpccomm
+
+COMM = MPI.COMM_WORLD
+RANK = COMM.Get_rank()
+SIZE = COMM.Get_size()
+
+
+def digest(arr) -> str:
+    """A hash of an array's bytes, dtype and shape."""
+    a = np.ascontiguousarray(arr)
+    h = hashlib.sha256()
+    h.update(str(a.dtype).encode())
+    h.update(str(a.shape).encode())
+    h.update(a.view(np.uint8).reshape(-1).tobytes())
+    return h.hexdigest()
+
+
+def same_on_all_ranks(arr, comm=COMM) -> bool:
+    """True when every rank holds bit-identical ``arr`` (collective)."""
+    return len(set(comm.allgather(digest(arr)))) == 1
+
+
+def raise_everywhere(fn, comm=COMM):
+    """Run ``fn`` (expected to raise) and return ``(type name, message)`` of
+    what it raised, or ``(None, None)``; plus whether all ranks agree."""
+    try:
+        fn()
+    except Exception as exc:  # noqa: BLE001 - we compare what every rank raised
+        got = (type(exc).__name__, str(exc))
+    else:
+        got = (None, None)
+    everyone = comm.allgather(got)
+    return got, all(g == everyone[0] for g in everyone)
+
+
+def rank_data(n, seed=0, dtype=np.float32, rank=RANK, integers=False):
+    """Deterministic per-rank input: normal values, or small integers."""
+    rng = np.random.default_rng([seed, rank, n])
+    if integers:
+        return rng.integers(-50, 51, size=n).astype(dtype)
+    return rng.standard_normal(n).astype(dtype)
+
+
+def exact_sum(n, seed=0, integers=False, nranks=SIZE):
+    """The float64 sum of :func:`rank_data` (float32) over all ranks, computed locally."""
+    total = np.zeros(n, dtype=np.float64)
+    for r in range(nranks):
+        total += rank_data(n, seed, rank=r, integers=integers).astype(np.float64)
+    return total
+
+
+class FakeDeviceArray:
+    """Host memory dressed as a CUDA array (``__cuda_array_interface__`` v3),
+    the way mpi4py's own test suite exercises its GPU paths without a GPU."""
+
+    def __init__(self, host: np.ndarray, stream=None):
+        self.host = host
+        self.stream = stream
+        self.synced = 0
+
+    @property
+    def __cuda_array_interface__(self):
+        return {"shape": self.host.shape, "typestr": self.host.dtype.str,
+                "data": (self.host.ctypes.data, False), "version": 3, "strides": None,
+                "stream": self.stream}
+
+
+class FakeDeviceBackend(hpccomm.DeviceBackend):
+    """Device operations for :class:`FakeDeviceArray` (plain host copies)."""
+
+    name = "fake"
+
+    def __init__(self):
+        self.to_host_calls = 0
+        self.from_host_calls = 0
+        self.pinned = []
+
+    def matches(self, obj):
+        return isinstance(obj, FakeDeviceArray)
+
+    def synchronize(self, obj):
+        obj.synced += 1
+
+    def to_host(self, obj, out):
+        self.to_host_calls += 1
+        out[...] = obj.host.reshape(-1)
+
+    def from_host(self, host, obj):
+        self.from_host_calls += 1
+        obj.host.reshape(-1)[...] = host
+
+    def empty_like(self, obj):
+        return FakeDeviceArray(np.empty_like(obj.host))
+
+    def copy(self, src, dst):
+        dst.host[...] = src.host
+
+    def divide(self, obj, divisor):
+        obj.host /= obj.host.dtype.type(divisor)
+
+    def pinned_empty(self, nbytes):
+        buf = np.empty(nbytes, dtype=np.uint8)
+        self.pinned.append(buf)
+        return buf

@@ -1,0 +1,115 @@
+#!/usr/bin/env python3
+"""Run hpccomm's whole test suite: plain pytest, then the MPI tests under
+``mpiexec -n K`` for several rank counts.
+
+    python tests/run.py [--ranks 1,2,3,4,5] [--timeout 900] [-- extra pytest args]
+
+Every mpiexec is wrapped in a timeout, and each test has its own
+(pytest-timeout, thread method: a hung rank dumps its stacks and exits, so
+mpiexec tears the job down).  Ranks other than 0 log to build/test-logs/, which
+are printed when a run fails.  The last line sums up all runs.
+"""
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LOGDIR = os.path.join(ROOT, "build", "test-logs")
+SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected|xfailed|xpassed).*?) in [\d.]+s")
+COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
+
+
+def find_mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    return here if os.path.exists(here) else shutil.which("mpiexec")
+
+
+def run(label, cmd, timeout, env):
+    print(f"\n### {label}: {' '.join(cmd)}", flush=True)
+    t0 = time.time()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**env, "HPCCOMM_TEST_LABEL": label}, cwd=ROOT)
+    summary = ""
+    try:
+        deadline = t0 + timeout
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            m = SUMMARY.match(line.strip())
+            if m:
+                summary = m.group(1)
+            if time.time() > deadline:
+                raise subprocess.TimeoutExpired(cmd, timeout)
+        proc.wait(timeout=max(1, deadline - time.time()))
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        print(f"### {label}: TIMED OUT after {timeout}s", flush=True)
+        return 124, {"failed": 1}
+    counts = {}
+    for num, kind in COUNT.findall(summary):
+        kind = "errors" if kind.startswith("error") else kind
+        counts[kind] = counts.get(kind, 0) + int(num)
+    rc = proc.returncode
+    if rc == 5 and not counts.get("failed"):  # pytest: nothing collected for this rank count
+        rc = 0
+    if rc != 0:
+        for name in sorted(os.listdir(LOGDIR)) if os.path.isdir(LOGDIR) else []:
+            if name.startswith(label + "-"):
+                print(f"--- {name} ---")
+                with open(os.path.join(LOGDIR, name), encoding="utf-8", errors="replace") as f:
+                    sys.stdout.write(f.read()[-20000:])
+    print(f"### {label}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
+    return rc, counts
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ranks", default=os.environ.get("HPCCOMM_TEST_RANKS", "1,2,3,4,5"),
+                    help="comma-separated rank counts for the MPI tests (default 1,2,3,4,5)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per mpiexec run")
+    ap.add_argument("--test-timeout", type=int, default=240, help="seconds per test")
+    ap.add_argument("--no-plain", action="store_true", help="skip the non-MPI tests")
+    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = ap.parse_args()
+
+    mpiexec = find_mpiexec()
+    if mpiexec is None:
+        print("mpiexec not found: install an MPI (pip install 'hpccomm[mpich]')", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    env.setdefault("NUMBA_NUM_THREADS", "1")   # ranks already share the cores
+    env["HPCCOMM_TEST_LOGDIR"] = LOGDIR
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    shutil.rmtree(LOGDIR, ignore_errors=True)
+    base = [sys.executable, "-m", "pytest", "tests", "-p", "no:cacheprovider", "--color=no",
+            "-q", f"--timeout={args.test_timeout}", "--timeout-method=thread", *args.pytest_args]
+    total, results = {}, []
+    if not args.no_plain:
+        results.append(("plain",) + run("plain", base + ["-m", "not mpi"], args.timeout, env))
+    for k in [int(v) for v in args.ranks.split(",") if v.strip()]:
+        label = f"mpi-n{k}"
+        cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
+               *base, "-m", "mpi", "--with-mpi"]
+        results.append((label,) + run(label, cmd, args.timeout, env))
+    print("\n### summary")
+    failed_runs = []
+    for label, rc, counts in results:
+        for kind, num in counts.items():
+            total[kind] = total.get(kind, 0) + num
+        print(f"  {label:10s} exit {rc:3d}  " + ", ".join(f"{v} {k}" for k, v in counts.items()))
+        if rc != 0:
+            failed_runs.append(label)
+    failed = total.get("failed", 0) + total.get("errors", 0)
+    if failed_runs and failed == 0:
+        failed = len(failed_runs)
+    print(f"total: {total.get('passed', 0)} passed, {failed} failed, "
+          f"{total.get('skipped', 0)} skipped")
+    return 1 if failed_runs else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

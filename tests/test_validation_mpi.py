@@ -1,0 +1,151 @@
+"""Bad input raises the same clear error on every rank -- never a hang.
+
+Each test makes one or more ranks misbehave and checks that *every* rank
+raised, with the same exception class and message."""
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm.errors import ConsistencyError, NonFiniteError
+
+from .helpers import COMM, RANK, SIZE, raise_everywhere, rank_data
+
+pytestmark = pytest.mark.mpi
+
+
+def expect_everywhere(fn, exc_type, fragment):
+    (name, message), agreed = raise_everywhere(fn)
+    assert name == exc_type.__name__, (name, message)
+    assert fragment in message, message
+    assert agreed, "ranks raised different errors"
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mismatched_lengths():
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(10 + (RANK == 1), np.float32)),
+                      ConsistencyError, "n=11")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mismatched_dtypes():
+    dt = np.float64 if RANK == SIZE - 1 else np.float32
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, dt)), ConsistencyError,
+                      "dtype=float64")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mismatched_op():
+    op = "mean" if RANK == 0 else "sum"
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), op=op),
+                      ConsistencyError, "op=mean")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mismatched_keys():
+    r = hpccomm.Allreducer()
+    expect_everywhere(lambda: r(np.zeros(4, np.float32), key=f"k{RANK % 2}"), ConsistencyError,
+                      "key='k1'")
+
+
+@pytest.mark.mpi(min_size=2)
+def test_unknown_codec_on_one_rank():
+    codec = "nosuchcodec" if RANK == 1 else "none"
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), codec=codec),
+                      ValueError, "rank 1: unknown codec 'nosuchcodec'")
+
+
+def test_bad_op_everywhere():
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), op="max"),
+                      ValueError, "op must be one of")
+
+
+def test_bad_check_and_gpu_aware():
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), check="sometimes"),
+                      ValueError, "check must be one of")
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), gpu_aware="maybe"),
+                      ValueError, "gpu_aware must be")
+
+
+def test_unknown_option():
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), frobnicate=3),
+                      TypeError, "unknown option 'frobnicate'")
+
+
+def test_wrong_dtype_on_last_rank():
+    dt = np.int32 if RANK == SIZE - 1 else np.float32
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, dt)), TypeError,
+                      f"rank {SIZE - 1}: unsupported dtype int32")
+
+
+def test_not_an_array():
+    x = [1.0, 2.0] if RANK == 0 else np.zeros(2, np.float32)
+    expect_everywhere(lambda: hpccomm.allreduce(x), TypeError, "rank 0: cannot reduce a list")
+
+
+def test_non_contiguous_input():
+    base = np.zeros((4, 4), np.float32)
+    x = base[:, 1] if RANK == 0 else np.zeros(4, np.float32)
+    expect_everywhere(lambda: hpccomm.allreduce(x), ValueError, "not C-contiguous")
+
+
+def test_out_of_wrong_size():
+    out = np.empty(3 if RANK == 0 else 4, np.float32)
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), out=out), ValueError,
+                      "rank 0: out has 3")
+
+
+def test_lossy_codec_with_the_dense_algorithm():
+    # algorithm "mpi" sends raw values: it refuses any codec but "none"
+    class Lossy(hpccomm.Codec):
+        name = "test-lossy-f32"
+        codec_id = 250
+
+    hpccomm.register_codec(Lossy)
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), codec="test-lossy-f32"),
+                      ValueError, "algorithm 'mpi' sends dense values")
+
+
+def test_nonfinite_policy_raise_when_codec_says_so():
+    class Strict(hpccomm.get_codec("none").__class__):
+        name = "test-none-strict"
+        codec_id = 251
+
+        def __init__(self):
+            super().__init__(nonfinite="raise")
+
+    hpccomm.register_codec(Strict)
+    x = rank_data(8)
+    if RANK == SIZE - 1:
+        x[3] = np.nan
+    from hpccomm.collectives.base import register_algorithm
+    from hpccomm.collectives.mpi import MpiAllreduce
+
+    class DenseAny(MpiAllreduce):
+        name = "test-dense-any"
+
+        def check_codec(self, codec):
+            pass
+
+    register_algorithm(DenseAny)
+    expect_everywhere(lambda: hpccomm.allreduce(x, codec="test-none-strict",
+                                                algorithm="test-dense-any"),
+                      NonFiniteError, f"rank {SIZE - 1}: input holds 1 NaN/Inf")
+
+
+def test_nan_propagates_with_dense_mpi():
+    """codec 'none' + 'mpi' follows MPI: NaN in, NaN out, on every rank."""
+    x = np.zeros(4, np.float32)
+    if RANK == 0:
+        x[1] = np.nan
+    res = hpccomm.allreduce(x)
+    flags = COMM.allgather(bool(np.isnan(res[1])) and not np.isnan(res[0]))
+    assert all(flags)
+
+
+def test_error_then_recovery():
+    """After an agreed error the communicator is still usable."""
+    r = hpccomm.Allreducer()
+    bad = np.zeros(3, np.int64) if RANK == 0 else np.zeros(3, np.float32)
+    expect_everywhere(lambda: r(bad, key="w"), TypeError, "unsupported dtype int64")
+    res = r(np.ones(3, np.float32), key="w")
+    np.testing.assert_array_equal(res, np.full(3, SIZE, np.float32))
