@@ -348,8 +348,12 @@ def _numpy_buffer(arr: np.ndarray, obj, kind, wrap) -> Buffer:
                          "contiguous copy (numpy.ascontiguousarray / tensor.contiguous())")
     name = _np_dtype_name(arr.dtype)
     flat = arr.reshape(-1)
-    if name == "bfloat16":  # ml_dtypes.bfloat16
+    if name == "bfloat16":  # ml_dtypes.bfloat16: carried as uint16 bit patterns
         flat = flat.view(np.uint16)
+        inner, user_dtype = wrap, arr.dtype
+
+        def wrap(res):
+            return inner(res.view(user_dtype))
     return Buffer(obj=obj, kind=kind, shape=tuple(arr.shape), dtype=name, size=flat.size,
                   host=flat, wrap=wrap)
 
