@@ -239,7 +239,8 @@ class Allreducer:
             if key is not None:
                 self._states[key] = state
         call = CallStats(key=key or "", n=buf.size)
-        ctx = ReduceContext(feedback=self.feedback, seed=self.seed, step=state.step)
+        ctx = ReduceContext(feedback=self.feedback, seed=self.seed, step=state.step,
+                            shape=buf.shape)
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, call, ctx)
         else:

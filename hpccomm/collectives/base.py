@@ -24,7 +24,7 @@ from typing import ClassVar, Dict, Tuple, Type
 import numpy as np
 from mpi4py import MPI
 
-from ..codecs.base import Codec
+from ..codecs.base import Codec, EncodeContext
 from ..feedback import ErrorFeedback, KeyState
 from ..stats import CallStats
 
@@ -34,6 +34,25 @@ class ReduceContext:
     feedback: ErrorFeedback
     seed: int = 0
     step: int = 0
+    #: the user's tensor shape (per-column codecs take their column length from it)
+    shape: tuple = ()
+
+    def encode_context(self, rank: int, offset: int = 0) -> EncodeContext:
+        return EncodeContext(seed=self.seed, rank=rank, step=self.step, offset=offset,
+                             shape=self.shape)
+
+
+def chunk_bounds(n: int, parts: int, align: int = 1) -> np.ndarray:
+    """``parts + 1`` boundaries cutting ``[0, n)`` into ``parts`` contiguous
+    chunks whose starts are multiples of ``align`` (the last chunk takes the
+    ragged end).  Units of ``align`` elements are shared as evenly as possible,
+    the first ``units % parts`` chunks taking one more -- the same on every rank
+    for any ``n``, including ``n < parts`` (trailing chunks are then empty)."""
+    align = max(1, int(align))
+    units = -(-n // align)
+    q, r = divmod(units, parts)
+    starts = np.array([align * (j * q + min(j, r)) for j in range(parts + 1)], dtype=np.int64)
+    return np.minimum(starts, n)
 
 
 class Algorithm:

@@ -1,0 +1,43 @@
+"""``allgather``: every rank's packet to every rank; each decodes and sums.
+
+The simplest compressed allreduce and the baseline that grows with ``P``:
+every rank encodes its whole vector once (``v = x + e``), one
+``MPI_Allgatherv`` moves the ``P`` packets (counts first when their size
+depends on the data), and every rank decodes and adds them **in rank order**,
+so every rank computes the same bits.  Received bytes per rank:
+``(P-1) * C(n)``; decode work grows with ``P`` too.  Worth it when packets are
+tiny (strong sparsification) or ``P`` is small.
+"""
+import numpy as np
+
+from .base import Algorithm, register_algorithm
+from .exchange import allgatherv_bytes
+
+
+@register_algorithm
+class AllgatherAllreduce(Algorithm):
+    name = "allgather"
+
+    def reduce(self, x, out, state, call, ctx):
+        codec, P, r = self.codec, self.size, self.rank
+        fb = ctx.feedback
+        v = fb.compensate(state, "worker", x)
+        with call.time("encode"):
+            packet = codec.encode(v, ctx.encode_context(r))
+        if P == 1:
+            with call.time("decode"):
+                codec.decode(packet, out)
+            fb.update(state, "worker", v, out)
+            return
+        size = codec.wire_size(x.size) if codec.fixed_size else None
+        packets = allgatherv_bytes(self.comm, packet, call,
+                                   [size] * P if size is not None else None)
+        with call.time("decode"):
+            out[...] = 0
+            for src in range(P):
+                codec.decode_add(packets[src], out)
+            if fb.enabled:
+                own = np.empty(x.size, dtype=np.float32)
+                codec.decode(packet, own)
+        if fb.enabled:
+            fb.update(state, "worker", v, own)
