@@ -1,2 +1,7 @@
 """Test configuration.  MPI tests carry ``@pytest.mark.mpi`` (pytest-mpi) and
-run under ``mpiexec ... pytest --with-mpi``; see tests/run.py."""
+run under ``mpiexec ... pytest --with-mpi``; tests also marked ``wide`` run at
+6, 7 and 8 ranks as well.  See tests/run.py."""
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "wide: MPI test that also runs at 6, 7 and 8 ranks")

@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """Run hpccomm's whole test suite: plain pytest, then the MPI tests under
-``mpiexec -n K`` for several rank counts.
+``mpiexec -n K`` for several rank counts (and the tests marked ``wide`` at
+6, 7 and 8 ranks too).
 
-    python tests/run.py [--ranks 1,2,3,4,5] [--timeout 900] [-- extra pytest args]
+    python tests/run.py [--ranks 1,2,3,4,5] [--wide-ranks 6,7,8] [--timeout 900] [-- pytest args]
 
 Every mpiexec is wrapped in a timeout, and each test has its own
 (pytest-timeout, thread method: a hung rank dumps its stacks and exits, so
@@ -70,6 +71,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default=os.environ.get("HPCCOMM_TEST_RANKS", "1,2,3,4,5"),
                     help="comma-separated rank counts for the MPI tests (default 1,2,3,4,5)")
+    ap.add_argument("--wide-ranks", default=os.environ.get("HPCCOMM_TEST_WIDE_RANKS", "6,7,8"),
+                    help="rank counts for the tests marked 'wide' (default 6,7,8)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per mpiexec run")
     ap.add_argument("--test-timeout", type=int, default=240, help="seconds per test")
     ap.add_argument("--no-plain", action="store_true", help="skip the non-MPI tests")
@@ -94,6 +97,11 @@ def main():
         label = f"mpi-n{k}"
         cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
                *base, "-m", "mpi", "--with-mpi"]
+        results.append((label,) + run(label, cmd, args.timeout, env))
+    for k in [int(v) for v in args.wide_ranks.split(",") if v.strip()]:
+        label = f"wide-n{k}"
+        cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
+               *base, "-m", "mpi and wide", "--with-mpi"]
         results.append((label,) + run(label, cmd, args.timeout, env))
     print("\n### summary")
     failed_runs = []
