@@ -3,6 +3,7 @@
 Commands
     allreduce   every selected collective against MPI_Allreduce, side by side
                 (run it under mpiexec / srun)
+    codecs      encode / decode throughput of every codec against memcpy
 """
 import argparse
 import sys
@@ -12,6 +13,7 @@ from .. import __version__
 COMMANDS = {
     "allreduce": ("hpccomm.bench.allreduce", "collectives vs MPI_Allreduce over a size sweep "
                                              "(under mpiexec/srun)"),
+    "codecs": ("hpccomm.bench.codecs", "encode/decode throughput of every codec vs memcpy"),
 }
 
 
