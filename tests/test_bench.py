@@ -1,0 +1,140 @@
+"""The benchmark commands, run for real (mpiexec in a subprocess)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from hpccomm.bench.netem import parse_rate
+
+PY = sys.executable
+MPIEXEC = os.path.join(os.path.dirname(PY), "mpiexec")
+ENV = {**os.environ, "NUMBA_NUM_THREADS": "1"}
+
+
+def run(args, timeout=240):
+    return subprocess.run(args, capture_output=True, text=True, timeout=timeout, env=ENV)
+
+
+def bench(ranks, *args, timeout=240):
+    return run([MPIEXEC, "-n", str(ranks), PY, "-m", "mpi4py", "-m", "hpccomm.bench", *args],
+               timeout=timeout)
+
+
+ROW_KEYS = {"size", "count", "codec", "algorithm", "codec_name", "algorithm_name",
+            "time_median", "time_min", "time_max", "iterations", "algbw", "busbw", "wire_bytes",
+            "ratio", "speedup", "rel_err", "max_err", "t_encode", "t_comm", "t_decode",
+            "error_feedback"}
+META_KEYS = {"tool", "mpi", "mpi4py", "numpy", "numba", "ranks", "threads", "date", "cases"}
+
+
+@pytest.mark.parametrize("ranks", [1, 3])
+def test_allreduce_json_schema(tmp_path, ranks):
+    out = tmp_path / "r.json"
+    csv = tmp_path / "r.csv"
+    proc = bench(ranks, "allreduce", "-m", "4:4K", "-f", "32", "-i", "3", "-x", "1",
+                 "--algorithm", "mpi,twoshot,allgather", "-J", str(out), "--csv", str(csv))
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0].startswith("# hpccomm allreduce benchmark")
+    assert any(line.startswith("# ranks: %d" % ranks) for line in lines)
+    data = json.loads(out.read_text())
+    assert META_KEYS <= set(data["meta"]) and data["meta"]["ranks"] == ranks
+    assert data["meta"]["threads"] == 1
+    rows = data["rows"]
+    # sizes 4, 128, 4096; cases MPI_Allreduce, none+mpi, none+twoshot, none+allgather
+    assert len(rows) == 3 * 4
+    for row in rows:
+        assert ROW_KEYS <= set(row)
+        assert row["time_min"] <= row["time_median"] <= row["time_max"]
+        assert row["rel_err"] < 1e-6
+    assert {r["algorithm_name"] for r in rows} == {"MPI_Allreduce", "mpi", "twoshot", "allgather"}
+    assert all(r["speedup"] == 1.0 for r in rows if r["algorithm_name"] == "MPI_Allreduce")
+    assert csv.read_text().splitlines()[0].startswith("codec,")
+
+
+def test_allreduce_bad_arguments():
+    for args, message in [
+        (["-m", "1M:4K"], "bad size range"),
+        (["-m", "lots"], "not a size"),
+        (["--codec", "nosuch"], "unknown codec 'nosuch'"),
+        (["--algorithm", "nosuch"], "unknown algorithm 'nosuch'"),
+        (["--option", "ratio"], "KEY=VALUE"),
+    ]:
+        proc = bench(1, "allreduce", *args)
+        assert proc.returncode != 0, args
+        assert message in proc.stderr + proc.stdout, (args, proc.stderr)
+
+
+def test_bench_help_and_unknown_command():
+    proc = run([PY, "-m", "hpccomm.bench", "--help"])
+    assert proc.returncode == 0 and "allreduce" in proc.stdout and "netem" in proc.stdout
+    proc = run([PY, "-m", "hpccomm.bench", "frobnicate"])
+    assert proc.returncode == 2 and "invalid choice" in proc.stderr
+
+
+def test_codecs_bench_runs(tmp_path):
+    out = tmp_path / "c.json"
+    proc = run([PY, "-m", "hpccomm.bench", "codecs", "--sizes", "4K", "--reps", "1",
+                "-J", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    names = {r["codec"].split("(")[0] for r in rows}
+    import hpccomm
+
+    assert names == set(hpccomm.available_codecs())
+    for r in rows:
+        assert r["encode_gbs"] > 0 and r["decode_gbs"] > 0 and r["bits_per_element"] > 0
+
+
+def test_netem_rate_parsing():
+    assert parse_rate("1gbit") == "1gbit" and parse_rate("100mbit") == "100mbit"
+    import argparse
+
+    for bad in ("fast", "1gbps", "20gbit", "10kbit"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_rate(bad)
+
+
+def test_netem_refuses_without_root_or_tools():
+    if os.geteuid() == 0:
+        env = {**ENV, "PATH": "/nonexistent"}
+        proc = subprocess.run([PY, "-m", "hpccomm.bench", "netem", "--ranks", "2", "--rate",
+                               "1gbit"], capture_output=True, text=True, env=env, timeout=60)
+        assert proc.returncode != 0 and "netem needs 'ip'" in proc.stderr
+    else:
+        proc = run([PY, "-m", "hpccomm.bench", "netem", "--ranks", "2", "--rate", "1gbit"])
+        assert proc.returncode != 0 and "needs root" in proc.stderr
+
+
+def _netem_possible():
+    import shutil
+
+    if os.geteuid() != 0:
+        return "not root"
+    for tool in ("ip", "tc", "unshare"):
+        if shutil.which(tool) is None:
+            return f"no '{tool}'"
+    probe = subprocess.run(["ip", "netns", "list"], capture_output=True)
+    if probe.returncode != 0:
+        return "ip netns unavailable"
+    return None
+
+
+@pytest.mark.skipif(_netem_possible() is not None, reason=f"netem: {_netem_possible()}")
+@pytest.mark.parametrize("mode", ["per-host", "shared"])
+def test_netem_tiny_run_and_teardown(tmp_path, mode):
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = tmp_path / "n.json"
+    proc = run([PY, "-m", "hpccomm.bench", "netem", "--ranks", "2", "--rate", "1gbit",
+                "--mode", mode, "--", "-m", "64K:1M", "-f", "16", "-i", "2", "-x", "1",
+                "--no-progress", "-J", str(out)], timeout=300)
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"# netem: {mode}, 2 ranks, 1gbit" in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    big = [r for r in rows if r["size"] == 1 << 20 and r["algorithm_name"] == "MPI_Allreduce"][0]
+    # 1 MiB over 1 Gbit/s links cannot take less than the wire time
+    assert big["time_median"] > (1 << 20) * 8 / 1e9 * 0.9
+    assert sorted(after.split()) == sorted(before.split()), "namespaces left behind"
