@@ -110,6 +110,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="codec/algorithm option, e.g. --option ratio=0.01 (repeatable)")
     p.add_argument("--error-feedback", choices=("auto", "on", "off"), default="auto",
                    help="error feedback for the compressed cases (default: the codec's default)")
+    p.add_argument("--buffer", choices=("numpy", "torch", "cupy"), default="numpy",
+                   help="buffer type handed to the collectives (default numpy; cupy needs a GPU)")
     p.add_argument("--threads", type=int, default=1,
                    help="numba threads per rank (default 1: ranks already share the cores)")
     p.add_argument("--seed", type=int, default=0, help="seed for inputs and stochastic codecs")
@@ -188,21 +190,69 @@ def _slowest(comm, times):
     return slowest
 
 
+def _empty_like(x):
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        return torch.empty_like(x)
+    if mod.startswith("cupy"):
+        import cupy
+
+        return cupy.empty_like(x)
+    return np.empty_like(x)
+
+
+def _to_numpy(x):
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return x.detach().cpu().numpy()
+    if mod.startswith("cupy"):
+        return x.get()
+    return x
+
+
+def make_buffer(x: np.ndarray, kind: str):
+    """The benchmark input as the requested buffer type."""
+    if kind == "torch":
+        import torch
+
+        return torch.from_numpy(x)
+    if kind == "cupy":
+        import cupy
+
+        return cupy.asarray(x)
+    return x
+
+
 def run_raw(comm, x, exact, iters, warmup):
-    """The baseline: ``comm.Allreduce(x, out, MPI.SUM)`` called directly."""
+    """The baseline: ``comm.Allreduce(x, out, MPI.SUM)`` called directly (device
+    buffers go to MPI as they are: this needs CUDA-aware MPI for cupy)."""
     from mpi4py import MPI
 
-    out = np.empty_like(x)
+    from ..buffers import mpi_cuda_support
+
+    out = _empty_like(x)
+    if type(x).__module__.startswith("cupy") and not mpi_cuda_support():
+        host_in, host_out = np.empty(x.size, np.float32), np.empty(x.size, np.float32)
+
+        def allreduce():  # MPI is not CUDA-aware: stage through the host, as users must
+            x.get(out=host_in)
+            comm.Allreduce(host_in, host_out, op=MPI.SUM)
+            out.set(host_out)
+    else:
+        def allreduce():
+            comm.Allreduce(x, out, op=MPI.SUM)
     for _ in range(warmup):
-        comm.Allreduce(x, out, op=MPI.SUM)
+        allreduce()
     times = np.empty(iters)
     for it in range(iters):
         comm.Barrier()
         t0 = time.perf_counter()
-        comm.Allreduce(x, out, op=MPI.SUM)
+        allreduce()
         times[it] = time.perf_counter() - t0
     slowest = _slowest(comm, times)
-    rel, max_err = _errors(out, exact)
+    rel, max_err = _errors(_to_numpy(out), exact)
     p = comm.Get_size()
     return {
         "codec": "-", "algorithm": "MPI_Allreduce", "codec_name": "-",
@@ -222,7 +272,7 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed)
 
     reducer = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
                                  check="first", seed=seed, **options)
-    out = np.empty_like(x)
+    out = _empty_like(x)
     key = "bench"
     for _ in range(warmup):
         reducer(x, key, out=out)
@@ -245,7 +295,7 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed)
     # accuracy: a fresh call (no residual), compared with the exact float64 sum
     fresh = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
                                check="first", seed=seed, **options)
-    rel, max_err = _errors(fresh(x, "accuracy"), exact)
+    rel, max_err = _errors(_to_numpy(fresh(x, "accuracy")), exact)
     return {
         "codec": reducer.codec.describe(), "algorithm": reducer.algorithm.describe(),
         "codec_name": reducer.codec.name, "algorithm_name": reducer.algorithm.name,
@@ -301,7 +351,7 @@ def main(argv=None) -> int:
             "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
             "numba": numba.__version__, "ranks": size, "threads": numba.get_num_threads(),
             "host": platform.node(), "python": platform.python_version(), "date": date,
-            "seed": args.seed, "options": options, "error_feedback": args.error_feedback,
+            "seed": args.seed, "options": options, "buffer": args.buffer, "error_feedback": args.error_feedback,
             "cases": [f"{c}+{a}" for c, a in cases]}
     if rank == 0:
         print("# hpccomm allreduce benchmark (compared with MPI_Allreduce in the same run)")
@@ -326,9 +376,10 @@ def main(argv=None) -> int:
     for nbytes in sizes:
         n = nbytes // 4
         rng = np.random.default_rng([args.seed, rank, n])
-        x = rng.standard_normal(n).astype(np.float32)
+        x_host = rng.standard_normal(n).astype(np.float32)
         exact = np.empty(n, dtype=np.float64)
-        comm.Allreduce(x.astype(np.float64), exact, op=MPI.SUM)
+        comm.Allreduce(x_host.astype(np.float64), exact, op=MPI.SUM)
+        x = make_buffer(x_host, args.buffer)
         iters = args.iterations or default_iterations(nbytes)
         warmup = args.warmup if args.warmup is not None else max(2, iters // 10)
         baseline = None
