@@ -17,7 +17,9 @@ with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
 
 TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
         # numpy bfloat16 arrays for the bfloat16 buffer tests
-        "ml_dtypes>=0.3"]
+        "ml_dtypes>=0.3",
+        # the digits dataset for the short training tests
+        "scikit-learn"]
 
 setup(
     name="hpccomm",
@@ -37,6 +39,8 @@ setup(
         "gpu": ["cupy-cuda12x", "numba-cuda"],
         "torch": ["torch"],
         "plot": ["matplotlib"],
+        # offline datasets of the training benchmark
+        "train": ["scikit-learn", "mnist1d"],
         "test": TEST,
     },
     entry_points={"console_scripts": ["hpccomm-bench=hpccomm.bench.__main__:main"]},

@@ -4,6 +4,7 @@ Commands
     allreduce   every selected collective against MPI_Allreduce, side by side
                 (run it under mpiexec / srun)
     codecs      encode / decode throughput of every codec against memcpy
+    train       data-parallel training with compressed gradients (accuracy study)
     netem       the allreduce benchmark across network namespaces with tc-limited links
 """
 import argparse
@@ -15,6 +16,8 @@ COMMANDS = {
     "allreduce": ("hpccomm.bench.allreduce", "collectives vs MPI_Allreduce over a size sweep "
                                              "(under mpiexec/srun)"),
     "codecs": ("hpccomm.bench.codecs", "encode/decode throughput of every codec vs memcpy"),
+    "train": ("hpccomm.bench.train", "data-parallel MLP training: accuracy of each codec vs fp32 "
+                                     "(under mpiexec)"),
     "netem": ("hpccomm.bench.netem", "the allreduce benchmark on an emulated cluster network "
                                      "(root)"),
 }
