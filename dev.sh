@@ -8,12 +8,16 @@
 #
 # Environment: PYTHON (interpreter for the venv, default python3), HPCCOMM_VENV
 # (venv path, default .venv), NP (ranks for bench, default 2), HPCCOMM_EXTRAS
-# (pip extras, default mpich,test).
+# (pip extras, default mpich,test,train), HPCCOMM_TORCH (torch requirement the
+# tests install, default torch==2.13.0: a CPU wheel; "none" skips torch).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${HPCCOMM_VENV:-.venv}
 PYTHON=${PYTHON:-python3}
-EXTRAS=${HPCCOMM_EXTRAS:-mpich,test}
+EXTRAS=${HPCCOMM_EXTRAS:-mpich,test,train}
+# A CPU build of torch for the tests of the PyTorch helper; an unpinned "torch"
+# would pull a multi-GB CUDA build.
+TORCH=${HPCCOMM_TORCH:-torch==2.13.0}
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
@@ -29,6 +33,14 @@ setup() {
     export PATH="$PWD/$VENV/bin:$PATH"
 }
 
+setup_torch() {
+    local stamp="$VENV/.hpccomm-torch-${TORCH//[^A-Za-z0-9.]/_}"
+    if [ "$TORCH" != "none" ] && [ ! -f "$stamp" ]; then
+        "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$TORCH"
+        touch "$stamp"
+    fi
+}
+
 cmd=${1:-}
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -38,6 +50,7 @@ case "$cmd" in
         ;;
     test)
         setup
+        setup_torch
         exec python tests/run.py "$@"
         ;;
     run)

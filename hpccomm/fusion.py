@@ -34,10 +34,61 @@ class Bucket:
     offsets: List[int]
     sizes: List[int]
     shapes: List[tuple]
-    buffer: np.ndarray
     dense: bool
     #: reduce with this shape (single-tensor buckets keep the tensor's shape)
-    shape: tuple = field(default=())
+    shape: tuple = ()
+    #: flat float32 storage (allocated by the user of the plan)
+    buffer: Optional[np.ndarray] = field(default=None, repr=False)
+
+    @property
+    def numel(self) -> int:
+        return sum(self.sizes)
+
+
+def plan_buckets(shapes: Mapping[str, Sequence[int]], *, bucket_bytes: int = 25 << 20,
+                 min_compress: int = 1024, dense: Iterable[str] = (), compress_1d: bool = False,
+                 prefix: str = "grads") -> List[Bucket]:
+    """Group named tensors into compressed and dense buckets (see the module
+    docstring); the same names and shapes give the same plan on every rank."""
+    shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
+    dense = set(dense)
+    unknown = dense - set(shapes)
+    if unknown:
+        raise KeyError(f"dense names not among the gradients: {sorted(unknown)}")
+    if bucket_bytes < 0:
+        raise ValueError("bucket_bytes must be >= 0")
+    groups: Dict[bool, List[str]] = {True: [], False: []}
+    for name, shape in shapes.items():
+        size = int(np.prod(shape)) if shape else 1
+        groups[name in dense or size < min_compress or (len(shape) <= 1 and not compress_1d)
+               ].append(name)
+    buckets: List[Bucket] = []
+
+    def numel(name):
+        return int(np.prod(shapes[name])) if shapes[name] else 1
+
+    def close(names, is_dense):
+        sizes = [numel(n) for n in names]
+        offsets = [int(o) for o in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
+        shape = shapes[names[0]] if len(names) == 1 else (sum(sizes),)
+        kind = "dense" if is_dense else "bucket"
+        buckets.append(Bucket(key=f"{prefix}/{kind}{len(buckets)}", names=list(names),
+                              offsets=offsets, sizes=sizes, shapes=[shapes[n] for n in names],
+                              dense=is_dense, shape=shape))
+
+    # dense tensors are always fused: their shapes do not matter to MPI_Allreduce
+    for is_dense, limit in ((False, bucket_bytes), (True, bucket_bytes or (25 << 20))):
+        current, current_bytes = [], 0
+        for name in groups[is_dense]:
+            nbytes = 4 * numel(name)
+            if current and (limit == 0 or current_bytes + nbytes > limit):
+                close(current, is_dense)
+                current, current_bytes = [], 0
+            current.append(name)
+            current_bytes += nbytes
+        if current:
+            close(current, is_dense)
+    return buckets
 
 
 class GradientBuckets:
@@ -74,48 +125,11 @@ class GradientBuckets:
         if self.dense_reducer.op != reducer.op:
             raise ValueError("reducer and dense_reducer must use the same op")
         self.shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
-        dense = set(dense)
-        unknown = dense - set(self.shapes)
-        if unknown:
-            raise KeyError(f"dense names not among the gradients: {sorted(unknown)}")
-        groups: Dict[bool, List[str]] = {True: [], False: []}
-        for name, shape in self.shapes.items():
-            size = int(np.prod(shape)) if shape else 1
-            is_dense = (name in dense or size < min_compress
-                        or (len(shape) <= 1 and not compress_1d))
-            groups[is_dense].append(name)
-        self.buckets: List[Bucket] = []
-        if bucket_bytes < 0:
-            raise ValueError("bucket_bytes must be >= 0")
-        self._plan(groups[False], False, bucket_bytes, prefix)
-        # dense tensors are always fused (their shapes do not matter to MPI_Allreduce)
-        self._plan(groups[True], True, bucket_bytes or (25 << 20), prefix)
-
-    def _plan(self, names: List[str], is_dense: bool, limit: int, prefix: str) -> None:
-        current: List[str] = []
-        current_bytes = 0
-
-        def close():
-            nonlocal current, current_bytes
-            if not current:
-                return
-            sizes = [int(np.prod(self.shapes[n])) if self.shapes[n] else 1 for n in current]
-            offsets = list(np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(int))
-            shape = self.shapes[current[0]] if len(current) == 1 else (sum(sizes),)
-            kind = "dense" if is_dense else "bucket"
-            self.buckets.append(Bucket(
-                key=f"{prefix}/{kind}{len(self.buckets)}", names=list(current), offsets=offsets,
-                sizes=sizes, shapes=[self.shapes[n] for n in current],
-                buffer=np.empty(sum(sizes), dtype=np.float32), dense=is_dense, shape=shape))
-            current, current_bytes = [], 0
-
-        for name in names:
-            nbytes = 4 * (int(np.prod(self.shapes[name])) if self.shapes[name] else 1)
-            if current and (limit == 0 or current_bytes + nbytes > limit):
-                close()
-            current.append(name)
-            current_bytes += nbytes
-        close()
+        self.buckets = plan_buckets(self.shapes, bucket_bytes=bucket_bytes,
+                                    min_compress=min_compress, dense=dense,
+                                    compress_1d=compress_1d, prefix=prefix)
+        for b in self.buckets:
+            b.buffer = np.empty(b.numel, dtype=np.float32)
 
     def plan(self) -> List[Tuple[str, bool, List[str]]]:
         """``(key, dense, names)`` per bucket."""

@@ -1,0 +1,130 @@
+"""Reduce a PyTorch model's gradients through hpccomm, in place.
+
+    from hpccomm.torch_grads import GradReducer
+
+    reducer = GradReducer(model, codec="onebit", algorithm="twoshot", op="mean")
+    for x, y in loader:
+        opt.zero_grad(set_to_none=False)   # keeps the zero-copy views (see below)
+        loss_fn(model(x), y).backward()
+        reducer()                          # every .grad now holds the reduced value
+        opt.step()
+
+The parameters are planned into fusion buckets once
+(:func:`hpccomm.fusion.plan_buckets`: small and 1-D tensors, and names in
+``dense``, go to a dense ``MPI_Allreduce``).  Each bucket owns one flat
+float32 tensor on the parameters' device, and every ``p.grad`` is made a view
+of its slice (``p.grad = flat[off:off+n].view_as(p)``), so autograd
+accumulates straight into the bucket and ``reducer()`` reduces each bucket in
+place with one call and no copies.  CPU tensors reach MPI as zero-copy numpy
+views; CUDA tensors through ``__cuda_array_interface__`` / DLPack (directly
+with CUDA-aware MPI, else staged through pinned host buffers).
+
+If a gradient is no longer the bucket's view when ``reducer()`` runs (e.g.
+after ``zero_grad(set_to_none=True)``, PyTorch's default, or when a parameter
+got no gradient), it is copied into the bucket (zeros for ``None``) and the
+view is restored: correct, at the cost of one copy.
+"""
+from __future__ import annotations
+
+from typing import Iterable, Optional, Tuple, Union
+
+import numpy as np
+
+from .core import Allreducer
+from .fusion import plan_buckets
+
+
+def _named_parameters(params) -> list:
+    if hasattr(params, "named_parameters"):
+        items = list(params.named_parameters())
+    else:
+        items = list(params)
+        if items and not isinstance(items[0], tuple):
+            items = [(f"param{i}", p) for i, p in enumerate(items)]
+    return [(n, p) for n, p in items if p.requires_grad]
+
+
+class GradReducer:
+    """Bucketed in-place reduction of ``.grad`` tensors (see module docstring).
+
+    ``params`` is a ``torch.nn.Module``, an iterable of parameters or of
+    ``(name, parameter)`` pairs -- the same, in the same order, on every rank.
+    Remaining keyword arguments go to the compressed :class:`~hpccomm.Allreducer`
+    (``error_feedback``, ``seed``, ``gpu_aware``, codec options...).
+    """
+
+    def __init__(self, params: Union["torch.nn.Module", Iterable], comm=None, *,  # noqa: F821
+                 codec: str = "none", algorithm: str = "mpi", op: str = "mean",
+                 bucket_bytes: int = 25 << 20, min_compress: int = 1024,
+                 dense: Iterable[str] = (), compress_1d: bool = False, **reducer_options):
+        import torch
+
+        self._torch = torch
+        self.named = _named_parameters(params)
+        if not self.named:
+            raise ValueError("no parameters that require gradients")
+        for name, p in self.named:
+            if p.dtype != torch.float32:
+                raise TypeError(f"{name}: {p.dtype} parameters are not supported (float32 only)")
+        devices = {p.device for _, p in self.named}
+        if len(devices) != 1:
+            raise ValueError(f"parameters live on several devices: {sorted(map(str, devices))}")
+        self.device = devices.pop()
+        self.reducer = Allreducer(comm, codec=codec, algorithm=algorithm, op=op,
+                                  **reducer_options)
+        gpu_aware = reducer_options.get("gpu_aware", "auto")
+        self.dense_reducer = Allreducer(comm, codec="none", algorithm="mpi", op=op,
+                                        gpu_aware=gpu_aware)
+        shapes = {n: tuple(p.shape) for n, p in self.named}
+        self.buckets = plan_buckets(shapes, bucket_bytes=bucket_bytes, min_compress=min_compress,
+                                    dense=dense, compress_1d=compress_1d, prefix="torch")
+        self._param = dict(self.named)
+        self._flat = []
+        for b in self.buckets:
+            flat = torch.zeros(b.numel, dtype=torch.float32, device=self.device)
+            self._flat.append(flat)
+            for name, off, size in zip(b.names, b.offsets, b.sizes):
+                p = self._param[name]
+                view = flat[off:off + size].view_as(p)
+                if p.grad is not None:
+                    view.copy_(p.grad)
+                p.grad = view
+
+    def _ensure_view(self, name: str, view) -> int:
+        """Make ``p.grad`` the bucket view again; return 1 if a copy was needed."""
+        p = self._param[name]
+        g = p.grad
+        if g is not None and g.data_ptr() == view.data_ptr() and g.shape == view.shape:
+            return 0
+        with self._torch.no_grad():
+            if g is None:
+                view.zero_()
+            else:
+                view.copy_(g)
+        p.grad = view
+        return 1
+
+    def __call__(self) -> int:
+        """Reduce every gradient in place; returns how many had to be copied."""
+        copies = 0
+        for b, flat in zip(self.buckets, self._flat):
+            for name, off, size in zip(b.names, b.offsets, b.sizes):
+                copies += self._ensure_view(name, flat[off:off + size].view(self._param[name].shape))
+            reducer = self.dense_reducer if b.dense else self.reducer
+            target = flat.view(b.shape) if len(b.names) == 1 else flat
+            reducer(target, key=b.key, out=target)
+        return copies
+
+    def plan(self) -> list:
+        return [(b.key, b.dense, list(b.names)) for b in self.buckets]
+
+    def state_dict(self) -> dict:
+        return {"reducer": self.reducer.state_dict(), "dense": self.dense_reducer.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.reducer.load_state_dict(state["reducer"])
+        self.dense_reducer.load_state_dict(state["dense"])
+
+    @property
+    def stats(self) -> Tuple:
+        return self.reducer.stats, self.dense_reducer.stats
