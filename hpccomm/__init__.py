@@ -17,6 +17,21 @@ from .core import Allreducer, allreduce
 from .errors import ConsistencyError, HpccommError, NonFiniteError, PacketError, RemoteError
 from .stats import CallStats, Stats
 
+
+def _load_plugins() -> None:
+    """Import the modules named in ``HPCCOMM_PLUGINS`` (comma-separated), so
+    that codecs and algorithms they register are usable by name everywhere,
+    the benchmark commands included."""
+    import importlib
+    import os
+
+    for name in os.environ.get("HPCCOMM_PLUGINS", "").split(","):
+        if name.strip():
+            importlib.import_module(name.strip())
+
+
+_load_plugins()
+
 __all__ = [
     "__version__",
     "allreduce",

@@ -54,6 +54,44 @@ def test_allreduce_json_schema(tmp_path, ranks):
     assert csv.read_text().splitlines()[0].startswith("codec,")
 
 
+PLUGIN = '''
+import numpy as np
+import hpccomm
+from hpccomm.codecs.none import NoneCodec
+
+
+@hpccomm.register_codec
+class Corrupt(NoneCodec):
+    """Claims to be lossless but decodes 0.1% too large: --check must notice."""
+    name = "test-corrupt"
+    codec_id = 240
+
+    def _decode_into(self, packet, header, out, add):
+        super()._decode_into(packet, header, out, add)
+        out *= np.float32(1.001)
+'''
+
+
+def test_check_fails_on_a_corrupting_codec(tmp_path):
+    (tmp_path / "corrupt_plugin.py").write_text(PLUGIN)
+    env = {**ENV, "HPCCOMM_PLUGINS": "corrupt_plugin",
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{ENV.get('PYTHONPATH', '')}"}
+    out = tmp_path / "r.json"
+    common = [MPIEXEC, "-n", "2", PY, "-m", "mpi4py", "-m", "hpccomm.bench", "allreduce", "-m",
+              "4K:4K", "-i", "3", "-x", "1", "--algorithm", "twoshot", "--check"]
+    proc = subprocess.run(common + ["--codec", "none,test-corrupt", "-J", str(out)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "# check: FAILED: 3 wrong iteration(s)" in proc.stdout
+    assert "relative error above" in proc.stdout
+    rows = {r["codec_name"]: r for r in json.loads(out.read_text())["rows"]
+            if r["algorithm_name"] == "twoshot"}
+    assert rows["test-corrupt"]["wrong"] == 3 and rows["none"]["wrong"] == 0
+    clean = subprocess.run(common + ["--codec", "none"], capture_output=True, text=True,
+                           timeout=240, env=env)
+    assert clean.returncode == 0 and "# check: OK" in clean.stdout
+
+
 def test_allreduce_bad_arguments():
     for args, message in [
         (["-m", "1M:4K"], "bad size range"),

@@ -117,6 +117,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, help="seed for inputs and stochastic codecs")
     p.add_argument("-J", "--json", default=None, metavar="FILE", help="write results as JSON")
     p.add_argument("--csv", default=None, metavar="FILE", help="write results as CSV")
+    p.add_argument("--check", action="store_true",
+                   help="validate every timed iteration (finite, identical on all ranks, within "
+                        "the codec's error bound of the exact sum); #wrong counts failed "
+                        "iterations and the exit status is 1 if any failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
@@ -262,10 +266,32 @@ def run_raw(comm, x, exact, iters, warmup):
         "t_encode": 0.0, "t_comm": float(np.median(slowest)), "t_decode": 0.0,
         "wire_bytes": 2 * (p - 1) * x.nbytes // p if p > 1 else 0, "wire_modelled": True,
         "rel_err": rel, "max_err": max_err, "error_feedback": False,
+        "wrong": None, "check_failures": [], "check_tolerance": None,
     }
 
 
-def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed):
+def check_result(comm, res: np.ndarray, exact: np.ndarray, tolerance: float) -> list:
+    """``--check`` of one result: finite, bit-identical on every rank, and
+    within ``tolerance`` relative L2 error of the exact sum.  Collective;
+    returns the list of failed conditions (the same on every rank)."""
+    import zlib
+
+    finite = bool(np.isfinite(res).all())
+    crc = zlib.crc32(np.ascontiguousarray(res).view(np.uint8))
+    crcs = comm.allgather(crc)
+    rel, _ = _errors(res, exact) if finite else (float("inf"), None)
+    flags = comm.allgather((finite, rel <= tolerance))
+    failed = []
+    if not all(f for f, _ in flags):
+        failed.append("non-finite values")
+    if len(set(crcs)) != 1:
+        failed.append("ranks disagree")
+    if not all(ok for _, ok in flags):
+        failed.append(f"relative error above {tolerance:g}")
+    return failed
+
+
+def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed, check=False):
     """Time one (codec, algorithm) at one size.  Returns a result dict."""
     import hpccomm
     from mpi4py import MPI
@@ -280,6 +306,8 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed)
     times = np.empty(iters)
     phases = np.empty((iters, 3))
     sent = np.empty(iters)
+    wrong, failures = 0, set()
+    tolerance = reducer.codec.check_tolerance(comm.Get_size(), reducer.feedback.enabled)
     for it in range(iters):
         comm.Barrier()
         t0 = time.perf_counter()
@@ -288,6 +316,10 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed)
         last = reducer.stats.last
         phases[it] = (last.t_encode, last.t_comm, last.t_decode)
         sent[it] = last.bytes_sent
+        if check:  # outside the timed region
+            failed = check_result(comm, _to_numpy(out), exact, tolerance)
+            wrong += bool(failed)
+            failures.update(failed)
     slowest = _slowest(comm, times)
     local = np.array([*np.median(phases, axis=0), np.max(sent)], dtype=np.float64)
     worst = np.empty_like(local)
@@ -304,6 +336,8 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed)
         "t_encode": float(worst[0]), "t_comm": float(worst[1]), "t_decode": float(worst[2]),
         "wire_bytes": int(worst[3]), "wire_modelled": bool(reducer.stats.last.modelled),
         "rel_err": rel, "max_err": max_err, "error_feedback": reducer.feedback.enabled,
+        "wrong": wrong if check else None, "check_failures": sorted(failures),
+        "check_tolerance": tolerance,
     }
 
 
@@ -366,7 +400,7 @@ def main(argv=None) -> int:
             print(f"# skipped {s}")
         cols = ("size", "count", "codec", "algorithm", "med(us)", "min(us)", "max(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "wire(B)", "ratio", "speedup", "rel_err",
-                "enc%", "comm%", "dec%")
+                "enc%", "comm%", "dec%") + (("#wrong",) if args.check else ())
         print("#" + "".join(f"{c:>14}" if i not in (2, 3) else f"{c:>12}"
                             for i, c in enumerate(cols))[1:])
         sys.stdout.flush()
@@ -388,7 +422,7 @@ def main(argv=None) -> int:
                 r = run_raw(comm, x, exact, iters, warmup)
             else:
                 r = run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef,
-                             args.seed)
+                             args.seed, check=args.check)
             if baseline is None:
                 baseline = r["time_median"]
             t = r["time_median"]
@@ -406,8 +440,16 @@ def main(argv=None) -> int:
                       f"{algbw:>13.3f} {r['busbw']:>13.3f} {r['wire_bytes']:>13} {ratio:>13} "
                       f"{r['speedup']:>13.2f} {r['rel_err']:>13.2e} "
                       f"{100 * r['t_encode'] / tot:>13.1f} {100 * r['t_comm'] / tot:>13.1f} "
-                      f"{100 * r['t_decode'] / tot:>13.1f}", flush=True)
+                      f"{100 * r['t_decode'] / tot:>13.1f}"
+                      + (f" {r['wrong'] if r['wrong'] is not None else '-':>13}"
+                         if args.check else ""), flush=True)
+    wrong = sum(r["wrong"] or 0 for r in rows)
     if rank == 0:
+        if args.check:
+            bad = [f"{r['size']} {r['codec']}+{r['algorithm']}: {', '.join(r['check_failures'])}"
+                   for r in rows if r["wrong"]]
+            print(f"# check: {'FAILED' if wrong else 'OK'}: {wrong} wrong iteration(s)"
+                  + ("".join(f"\n#   {b}" for b in bad)))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump({"meta": meta, "rows": rows}, f, indent=1)
@@ -419,7 +461,7 @@ def main(argv=None) -> int:
                 w = csv.DictWriter(f, fieldnames=keys)
                 w.writeheader()
                 w.writerows(rows)
-    return 0
+    return 1 if wrong else 0
 
 
 if __name__ == "__main__":

@@ -100,6 +100,13 @@ class Codec:
     def __repr__(self) -> str:
         return f"<codec {self.describe()}>"
 
+    def check_tolerance(self, nranks: int, error_feedback: bool) -> float:
+        """Relative L2 error (against the exact sum of Gaussian inputs) above
+        which ``hpccomm.bench allreduce --check`` calls a result wrong.  A
+        sanity bound that catches corruption, not a precision guarantee;
+        lossless codecs: float32 reassociation only."""
+        return 1e-5 * max(1, nranks) if self.lossless else 2.0
+
     def align(self, shape: tuple) -> int:
         """Chunk alignment in elements for a tensor of ``shape``: algorithms
         that cut a vector into chunks put boundaries at multiples of this
