@@ -19,7 +19,9 @@ TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
         # numpy bfloat16 arrays for the bfloat16 buffer tests
         "ml_dtypes>=0.3",
         # the digits dataset for the short training tests
-        "scikit-learn"]
+        "scikit-learn",
+        # the plot command's test
+        "matplotlib"]
 
 setup(
     name="hpccomm",

@@ -126,6 +126,19 @@ def test_codecs_bench_runs(tmp_path):
         assert r["encode_gbs"] > 0 and r["decode_gbs"] > 0 and r["bits_per_element"] > 0
 
 
+def test_plot_writes_pngs(tmp_path):
+    pytest.importorskip("matplotlib")
+    out = tmp_path / "r.json"
+    proc = bench(2, "allreduce", "-m", "4K:16K", "-f", "4", "-i", "2", "-x", "1",
+                 "--algorithm", "twoshot", "-J", str(out))
+    assert proc.returncode == 0, proc.stderr
+    proc = run([PY, "-m", "hpccomm.bench", "plot", str(out), "--out", str(tmp_path / "fig")])
+    assert proc.returncode == 0, proc.stderr
+    for kind in ("time", "speedup"):
+        png = tmp_path / "fig" / f"r-{kind}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_netem_rate_parsing():
     assert parse_rate("1gbit") == "1gbit" and parse_rate("100mbit") == "100mbit"
     import argparse

@@ -5,6 +5,7 @@ Commands
                 (run it under mpiexec / srun)
     codecs      encode / decode throughput of every codec against memcpy
     train       data-parallel training with compressed gradients (accuracy study)
+    plot        PNG figures from the JSON files of allreduce and train
     netem       the allreduce benchmark across network namespaces with tc-limited links
 """
 import argparse
@@ -18,6 +19,7 @@ COMMANDS = {
     "codecs": ("hpccomm.bench.codecs", "encode/decode throughput of every codec vs memcpy"),
     "train": ("hpccomm.bench.train", "data-parallel MLP training: accuracy of each codec vs fp32 "
                                      "(under mpiexec)"),
+    "plot": ("hpccomm.bench.plot", "PNG figures from allreduce/train JSON results"),
     "netem": ("hpccomm.bench.netem", "the allreduce benchmark on an emulated cluster network "
                                      "(root)"),
 }

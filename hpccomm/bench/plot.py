@@ -1,0 +1,130 @@
+"""``python -m hpccomm.bench plot FILE.json [FILE.json ...]``: figures of
+``hpccomm.bench allreduce`` results (needs matplotlib: ``pip install
+'hpccomm[plot]'``).
+
+For each input file, two PNGs beside it (or in ``--out``):
+
+* ``<name>-time.png``: median time of the slowest rank against message size,
+  one line per codec+algorithm, with ``MPI_Allreduce`` drawn thick and black;
+  log-log axes.
+* ``<name>-speedup.png``: speedup over ``MPI_Allreduce`` against size; the
+  line at 1 is break-even.
+
+Training results (``hpccomm.bench train -J``) give ``<name>-accuracy.png``:
+test accuracy against epoch, mean over seeds with a min-max band, per codec.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+
+
+def _label(row) -> str:
+    if row["algorithm_name"] == "MPI_Allreduce":
+        return "MPI_Allreduce"
+    return f"{row['codec']}+{row['algorithm_name']}"
+
+
+def _title(meta) -> str:
+    return (f"{meta.get('ranks', '?')} ranks, {meta.get('mpi', '')}, "
+            f"threads/rank {meta.get('threads', '?')}")
+
+
+def plot_allreduce(data: dict, stem: str, plt) -> list:
+    series = defaultdict(list)
+    for row in data["rows"]:
+        series[_label(row)].append(row)
+    paths = []
+    for kind, ylabel in (("time", "median time of the slowest rank (s)"),
+                         ("speedup", "speedup over MPI_Allreduce")):
+        fig, ax = plt.subplots(figsize=(8, 5.5))
+        for label, rows in sorted(series.items(), key=lambda kv: kv[0] != "MPI_Allreduce"):
+            rows = sorted(rows, key=lambda r: r["size"])
+            xs = [r["size"] for r in rows]
+            ys = [r["time_median"] if kind == "time" else r["speedup"] for r in rows]
+            base = label == "MPI_Allreduce"
+            ax.plot(xs, ys, marker="o", markersize=3, label=label,
+                    color="black" if base else None, linewidth=2.5 if base else 1.2)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        if kind == "speedup":
+            ax.axhline(1.0, color="grey", linestyle="--", linewidth=1)
+        ax.set_xlabel("message size (bytes of float32 input)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(f"allreduce {kind}: {_title(data.get('meta', {}))}", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, ncol=2)
+        fig.tight_layout()
+        path = f"{stem}-{kind}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def plot_train(data: dict, stem: str, plt) -> list:
+    import numpy as np
+
+    by_codec = defaultdict(list)
+    for run in data["runs"]:
+        by_codec[(run["codec_name"], run["error_feedback"])].append(run)
+    fig, ax = plt.subplots(figsize=(8, 5.5))
+    for (codec, ef), runs in sorted(by_codec.items()):
+        acc = np.array([[e["test_acc"] for e in r["epochs"]] for r in runs])
+        epochs = np.arange(1, acc.shape[1] + 1)
+        label = f"{codec}{' +EF' if ef else ''} (n={len(runs)})"
+        line, = ax.plot(epochs, acc.mean(axis=0), label=label,
+                        color="black" if codec == "none" else None,
+                        linewidth=2.5 if codec == "none" else 1.2)
+        ax.fill_between(epochs, acc.min(axis=0), acc.max(axis=0), alpha=0.12,
+                        color=line.get_color())
+    meta = data.get("meta", {})
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"{meta.get('dataset', '')}: {meta.get('ranks', '?')} ranks, mean and min-max "
+                 "over seeds", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    path = f"{stem}-accuracy.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return [path]
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m hpccomm.bench plot",
+                                description="PNG figures from benchmark JSON files.")
+    p.add_argument("files", nargs="+", help="JSON written by 'allreduce -J' or 'train -J'")
+    p.add_argument("--out", default=None, help="directory for the PNGs (default: beside input)")
+    args = p.parse_args(argv)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SystemExit("plot needs matplotlib: pip install 'hpccomm[plot]'")
+    for path in args.files:
+        with open(path, encoding="utf-8") as f:
+            data = json.load(f)
+        base = os.path.splitext(os.path.basename(path))[0]
+        folder = args.out or os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        stem = os.path.join(folder, base)
+        if "rows" in data:
+            written = plot_allreduce(data, stem, plt)
+        elif "runs" in data:
+            written = plot_train(data, stem, plt)
+        else:
+            raise SystemExit(f"{path}: neither allreduce nor train results")
+        for w in written:
+            print(w)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
