@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="codec/algorithm option, e.g. --option ratio=0.01 (repeatable)")
     p.add_argument("--error-feedback", choices=("auto", "on", "off"), default="auto",
                    help="error feedback for the compressed cases (default: the codec's default)")
+    p.add_argument("--cols", type=int, default=1024,
+                   help="shape the input as a (n/COLS, COLS) matrix when COLS divides n, as a "
+                        "layer's gradient; per-column codecs take their columns from it "
+                        "(default 1024; 0: always 1-D)")
     p.add_argument("--buffer", choices=("numpy", "torch", "cupy"), default="numpy",
                    help="buffer type handed to the collectives (default numpy; cupy needs a GPU)")
     p.add_argument("--threads", type=int, default=1,
@@ -178,7 +182,7 @@ class Progress:
 
 
 def _errors(res, exact):
-    diff = res.astype(np.float64) - exact
+    diff = res.reshape(-1).astype(np.float64) - exact
     norm = float(np.linalg.norm(exact))
     rel = float(np.linalg.norm(diff)) / norm if norm > 0 else float(np.linalg.norm(diff))
     peak = float(np.max(np.abs(exact))) if exact.size else 0.0
@@ -276,6 +280,7 @@ def check_result(comm, res: np.ndarray, exact: np.ndarray, tolerance: float) -> 
     returns the list of failed conditions (the same on every rank)."""
     import zlib
 
+    res = res.reshape(-1)
     finite = bool(np.isfinite(res).all())
     crc = zlib.crc32(np.ascontiguousarray(res).view(np.uint8))
     crcs = comm.allgather(crc)
@@ -385,7 +390,7 @@ def main(argv=None) -> int:
             "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
             "numba": numba.__version__, "ranks": size, "threads": numba.get_num_threads(),
             "host": platform.node(), "python": platform.python_version(), "date": date,
-            "seed": args.seed, "options": options, "buffer": args.buffer, "error_feedback": args.error_feedback,
+            "seed": args.seed, "options": options, "buffer": args.buffer, "cols": args.cols, "error_feedback": args.error_feedback,
             "cases": [f"{c}+{a}" for c, a in cases]}
     if rank == 0:
         print("# hpccomm allreduce benchmark (compared with MPI_Allreduce in the same run)")
@@ -396,6 +401,8 @@ def main(argv=None) -> int:
               f"date: {date}")
         print("# datatype: float32, op: sum; time = slowest rank per iteration, median over "
               "iterations; algbw from the uncompressed size")
+        print(f"# input: N(0,1) per rank, shaped (n/{args.cols}, {args.cols}) where {args.cols} "
+              "divides n" if args.cols else "# input: N(0,1) per rank, 1-D")
         for s in skipped:
             print(f"# skipped {s}")
         cols = ("size", "count", "codec", "algorithm", "med(us)", "min(us)", "max(us)",
@@ -413,6 +420,8 @@ def main(argv=None) -> int:
         x_host = rng.standard_normal(n).astype(np.float32)
         exact = np.empty(n, dtype=np.float64)
         comm.Allreduce(x_host.astype(np.float64), exact, op=MPI.SUM)
+        if args.cols and n % args.cols == 0 and n > args.cols:
+            x_host = x_host.reshape(n // args.cols, args.cols)
         x = make_buffer(x_host, args.buffer)
         iters = args.iterations or default_iterations(nbytes)
         warmup = args.warmup if args.warmup is not None else max(2, iters // 10)
