@@ -1,0 +1,62 @@
+"""``fp16``: float32 values rounded to IEEE half precision (binary16).
+
+Layout (version 1), little-endian::
+
+    offset  size  field
+    0       16    common header: codec id 1, extra = 0, n
+    16      2 n   binary16 values, element i at 16 + 2 i
+
+Wire size ``16 + 2 n`` bytes: 16 bits per element plus 128 bits of header.
+
+Rounding is to nearest, ties to even.  Finite values whose rounding would
+overflow (``|x| >= 65520``) **saturate** to +-65504, the largest half, so a
+finite input never decodes to infinity (with error feedback the excess stays
+in the residual).  Magnitudes below ``2**-14`` become half subnormals
+(multiples of ``2**-24``); those up to ``2**-25`` become (signed) zero.  Non-finite input raises
+:class:`~hpccomm.errors.NonFiniteError` by default; with
+``nonfinite="propagate"`` +-inf stays +-inf and NaN stays NaN.  Not summable.
+
+:mod:`hpccomm.codecs.bf16` shares this layout through :class:`HalfWidthCodec`.
+"""
+import numpy as np
+
+from ..errors import PacketError
+from ..kernels import quantize as K
+from .base import HEADER_SIZE, Codec, register_codec
+
+
+class HalfWidthCodec(Codec):
+    """A 16-bit float format: header, then ``n`` uint16 bit patterns.
+
+    Subclasses set ``_to_bits(u, out)`` (float32 bit patterns as uint32 ->
+    uint16) and ``_from_bits(bits, out, add)`` (uint16 -> float32), kernels of
+    :mod:`hpccomm.kernels.quantize`."""
+
+    def wire_size(self, n):
+        return HEADER_SIZE + 2 * n
+
+    def _payload_size(self, header):
+        if int(header["extra"]) != 0:
+            raise PacketError(f"{self.name}: header field 'extra' must be 0, "
+                              f"not {int(header['extra'])}")
+        return self.wire_size(int(header["n"]))
+
+    def _encode(self, x, ctx):
+        packet = self.new_packet(self.wire_size(x.size), x.size)
+        self._to_bits(x.view(np.uint32), packet[HEADER_SIZE:].view(np.uint16))
+        return packet
+
+    def _decode_into(self, packet, header, out, add):
+        self._from_bits(packet[HEADER_SIZE:].view(np.uint16), out, add)
+
+
+@register_codec
+class Fp16Codec(HalfWidthCodec):
+    name = "fp16"
+    codec_id = 1
+    _to_bits = staticmethod(K.f32_to_f16)
+    _from_bits = staticmethod(K.f16_to_f32)
+
+    def check_tolerance(self, nranks, error_feedback):
+        # one rounding to 11 significant bits per stage (2**-11 relative), two stages
+        return 2e-3

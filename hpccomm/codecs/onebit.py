@@ -1,0 +1,128 @@
+"""``onebit``: 1-bit SGD (Seide et al., Interspeech 2014; CNTK), zero threshold.
+
+Each element is sent as its sign bit; each *column* -- a run of ``H``
+consecutive elements of the flat vector, the last one possibly shorter --
+ships two float32 reconstruction values::
+
+    mu_pos = mean of the column's entries >= 0     (0 if there are none)
+    mu_neg = mean of the column's entries <  0     (0 if there are none)
+    bit_i  = 1 iff x_i >= 0;   decode: mu_pos if bit_i else mu_neg
+
+The means are float64 sums divided by the count and rounded once to float32
+(:func:`hpccomm.kernels.quantize.onebit_encode`), so a constant column
+decodes exactly.  The estimator is biased: ``biased = True`` turns error
+feedback on by default (the paper's central point).
+
+Column length ``H``: the ``col_len`` parameter, or with ``col_len=None`` the
+last axis of ``EncodeContext.shape`` when it has two or more axes, else the
+whole vector.  The ``H`` used is written into the packet, so decoding needs
+no parameter; it is stored clamped to ``[1, max(n, 1)]`` (a longer column is
+the same single column).  :meth:`OneBitCodec.align` returns ``H`` so that
+chunked algorithms cut at column boundaries.
+
+Layout (version 1), little-endian::
+
+    offset         size            field
+    0              16              common header: codec id 3, extra = H, n
+    16             8 C             per column c (C = ceil(n / H)), at 16 + 8 c:
+                                   float32 mu_pos, float32 mu_neg
+    16 + 8 C       4 ceil(n / 32)  sign bits: uint32 words, element i at bit
+                                   i mod 32 of word i // 32 (LSB first);
+                                   unused high bits of the last word are 0
+
+Wire size ``16 + 8 ceil(n / H) + 4 ceil(n / 32)`` bytes, about
+``1 + 64 / H`` bits per element.  The bit order is sequential, as in LBANN's
+port -- not CNTK's strided (GPU-coalescing) order, where bit ``k`` of word
+``w`` holds row ``w + k W``; CNTK also pads every column to whole words.
+
+Since the size depends on ``H``, a codec with ``col_len=None`` does not know
+its size from ``n`` alone: such instances have ``fixed_size = False`` and
+``wire_size(n)`` is None unless a ``shape`` is passed.
+"""
+import math
+
+import numpy as np
+
+from ..errors import PacketError
+from ..kernels import quantize as K
+from .base import HEADER_SIZE, Codec, register_codec
+
+#: largest column length the header's uint32 field holds
+COL_LEN_MAX = 2**32 - 1
+
+
+def _packet_size(n: int, col_len: int) -> int:
+    return HEADER_SIZE + 8 * (-(-n // col_len)) + 4 * (-(-n // 32))
+
+
+@register_codec
+class OneBitCodec(Codec):
+    name = "onebit"
+    codec_id = 3
+    biased = True
+
+    def __init__(self, col_len=None, nonfinite: str = "raise"):
+        super().__init__(nonfinite=nonfinite)
+        if col_len is not None:
+            if isinstance(col_len, bool) or not isinstance(col_len, (int, np.integer)) \
+                    or not 1 <= col_len <= COL_LEN_MAX:
+                raise ValueError(f"onebit: col_len must be None or an integer in "
+                                 f"[1, {COL_LEN_MAX}], not {col_len!r}")
+            col_len = int(col_len)
+        self.col_len = col_len
+        #: with col_len=None the size depends on the tensor's shape
+        self.fixed_size = col_len is not None
+
+    def params(self):
+        return {"col_len": self.col_len}
+
+    def column_length(self, shape: tuple = (), n: int = None) -> int:
+        """The column length for a tensor of ``shape`` (before clamping to
+        the encoded length): ``col_len``, else ``shape[-1]`` for two or more
+        axes, else the whole vector (``n``, or the size of ``shape``)."""
+        if self.col_len is not None:
+            return self.col_len
+        shape = tuple(int(s) for s in shape)
+        if len(shape) >= 2:
+            return max(shape[-1], 1)
+        if n is None:
+            n = math.prod(shape)
+        return max(int(n), 1)
+
+    def align(self, shape):
+        return self.column_length(shape)
+
+    def wire_size(self, n, shape=None):
+        """``16 + 8 ceil(n / H) + 4 ceil(n / 32)``; with ``col_len=None`` the
+        column length comes from ``shape`` and the size is None without it."""
+        if self.col_len is None and shape is None:
+            return None
+        return _packet_size(n, self.column_length(shape or (), n))
+
+    def max_wire_size(self, n):
+        """Exact with ``col_len``; otherwise the bound for ``H = 1``."""
+        return _packet_size(n, self.col_len or 1)
+
+    def _payload_size(self, header):
+        n, col_len = int(header["n"]), int(header["extra"])
+        if not 1 <= col_len <= max(n, 1):
+            raise PacketError(f"onebit: column length {col_len} is outside [1, {max(n, 1)}] "
+                              f"for n = {n}")
+        return _packet_size(n, col_len)
+
+    def _encode(self, x, ctx):
+        n = x.size
+        col_len = min(self.column_length(ctx.shape, n), max(n, 1))
+        ncols = -(-n // col_len)
+        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len)
+        means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
+        words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
+        K.onebit_encode(x, col_len, means, words)
+        return packet
+
+    def _decode_into(self, packet, header, out, add):
+        n, col_len = out.size, int(header["extra"])
+        ncols = -(-n // col_len)
+        means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
+        words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
+        K.onebit_decode(words, means, col_len, out, add)

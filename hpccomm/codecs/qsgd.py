@@ -1,0 +1,159 @@
+"""``qsgd``: QSGD (Alistarh et al., NeurIPS 2017), fixed-width ("b-bit") codes.
+
+Parameters: ``bits`` in {2, 4, 8} (``L = 2**(bits - 1) - 1`` levels: 1, 7,
+127), ``bucket`` size ``d`` (default 512) and ``norm`` ``"l2"`` (default) or
+``"max"``.  Buckets are consecutive runs of ``d`` elements of the encoded
+vector, the last one possibly shorter.  Per bucket ``j``:
+
+1. scale ``S_j``: the l2 norm (float64 sum of squares, rounded once; a finite
+   norm beyond the float32 range saturates to its maximum) or ``max |x|``;
+2. code ``q_i = sign(x_i) * min(floor(a_i + u_i), L)`` with
+   ``a_i = |x_i| * (L / S_j)`` in float64 and
+   ``u_i = uniform01(key, offset + i)``, ``key = stream_key(seed, rank,
+   step, 5)``: level ``floor(a_i) + 1`` with probability ``a_i - floor(a_i)``,
+   so ``E[q_i S_j / L] = x_i`` -- unbiased (to the ``2**-24`` resolution of
+   ``u``).  A bucket with ``S_j = 0`` (all zeros) or a non-finite scale gets
+   zero codes; with ``nonfinite="propagate"`` such a bucket decodes to NaN;
+3. decode: ``float32(q_i * (float64(S_j) / L))``.
+
+Layout (version 1), little-endian::
+
+    offset      size              field
+    0           16                common header: codec id 5, n, and
+                                  extra = d | bits << 28  (d < 2**28)
+    16          4 B               float32 S_j per bucket, B = ceil(n / d)
+    16 + 4 B    ceil(n bits / 8)  codes: element i at bits (i bits) mod 8 ..
+                                  of byte 16 + 4 B + (i bits) // 8, LSB first,
+                                  ``bits``-bit two's complement in [-L, L]
+                                  (-L - 1 is never written and decodes as
+                                  such); unused bits of the last byte are 0
+
+Wire size ``16 + 4 ceil(n / d) + ceil(n bits / 8)`` bytes: ``bits + 32 / d``
+bits per element plus 128 (4.0625 for 4 bits, d = 512).  ``d`` is stored
+clamped to ``[1, max(n, 1)]`` (a longer bucket is the same single bucket);
+decoders reject other values and any bit width but 2, 4, 8.  The norm is
+not needed to decode and is not stored.
+
+Summable form (algorithm ``summable``): ``shared_scale(x)`` gives the ``B``
+bucket scales, which the algorithm MAX-reduces; ``to_summable`` quantizes
+against them (``a_i <= L`` since every rank's scale is at most the shared
+one) to int8 codes; sums over ``P`` ranks need ``P L`` in range: int8 while
+``P L <= 127``, int16 while ``<= 32767``, else int32.
+"""
+import math
+
+import numpy as np
+
+from ..errors import PacketError
+from ..kernels import quantize as K
+from ..kernels.rng import stream_key
+from ._quant import check_total, scale_array, summed_code_dtype
+from .base import HEADER_SIZE, Codec, register_codec
+
+BITS = (2, 4, 8)
+NORMS = ("l2", "max")
+#: bucket sizes fit the low 28 bits of the header's ``extra`` field
+BUCKET_MAX = 2**28 - 1
+
+
+def _packet_size(n: int, bits: int, bucket: int) -> int:
+    return HEADER_SIZE + 4 * (-(-n // bucket)) + (-(-(n * bits) // 8))
+
+
+@register_codec
+class QSGDCodec(Codec):
+    name = "qsgd"
+    codec_id = 5
+    stochastic = True
+    summable = True
+
+    def __init__(self, bits: int = 4, bucket: int = 512, norm: str = "l2",
+                 nonfinite: str = "raise"):
+        super().__init__(nonfinite=nonfinite)
+        if isinstance(bits, bool) or bits not in BITS:
+            raise ValueError(f"qsgd: bits must be one of {BITS}, not {bits!r}")
+        if isinstance(bucket, bool) or not isinstance(bucket, (int, np.integer)) \
+                or not 1 <= bucket <= BUCKET_MAX:
+            raise ValueError(f"qsgd: bucket must be an integer in [1, {BUCKET_MAX}], "
+                             f"not {bucket!r}")
+        if norm not in NORMS:
+            raise ValueError(f"qsgd: norm must be one of {NORMS}, not {norm!r}")
+        self.bits, self.bucket, self.norm = int(bits), int(bucket), norm
+        #: quantization levels L
+        self.levels = 2 ** (self.bits - 1) - 1
+
+    def params(self):
+        return {"bits": self.bits, "bucket": self.bucket, "norm": self.norm}
+
+    def check_tolerance(self, nranks, error_feedback):
+        # QSGD's variance bound min(d / s**2, sqrt(d) / s) (Alistarh et al., Lemma 3.1)
+        # per stage, two stages in twoshot, and a factor 2 of margin
+        d, s = self.bucket, self.levels
+        return 2.0 * math.sqrt(2.0 * min(d / s ** 2, math.sqrt(d) / s)) + 0.5
+
+    def wire_size(self, n):
+        return _packet_size(n, self.bits, min(self.bucket, max(n, 1)))
+
+    @staticmethod
+    def _fields(header):
+        """``(bits, bucket)`` from a header's ``extra``, validated."""
+        n, extra = int(header["n"]), int(header["extra"])
+        bits, bucket = extra >> 28, extra & BUCKET_MAX
+        if bits not in BITS:
+            raise PacketError(f"qsgd: bit width {bits} is not one of {BITS}")
+        if not 1 <= bucket <= max(n, 1):
+            raise PacketError(f"qsgd: bucket size {bucket} is outside [1, {max(n, 1)}] "
+                              f"for n = {n}")
+        return bits, bucket
+
+    def _payload_size(self, header):
+        bits, bucket = self._fields(header)
+        return _packet_size(int(header["n"]), bits, bucket)
+
+    def _key(self, ctx):
+        return stream_key(ctx.seed, ctx.rank, ctx.step, self.codec_id)
+
+    def _encode(self, x, ctx):
+        n = x.size
+        bucket = min(self.bucket, max(n, 1))
+        nb = -(-n // bucket)
+        packet = self.new_packet(_packet_size(n, self.bits, bucket), n,
+                                 extra=bucket | self.bits << 28)
+        scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
+        K.qsgd_encode(x, bucket, self.bits, self.levels, self.norm == "max", self._key(ctx),
+                      ctx.offset, scales, packet[HEADER_SIZE + 4 * nb:])
+        return packet
+
+    def _decode_into(self, packet, header, out, add):
+        bits, bucket = self._fields(header)
+        nb = -(-out.size // bucket)
+        scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
+        K.codes_decode(packet[HEADER_SIZE + 4 * nb:], bits, bucket, 2 ** (bits - 1) - 1,
+                       scales, out, add)
+
+    # -- summable form -------------------------------------------------------
+    def _nbuckets(self, n):
+        return -(-n // self.bucket)
+
+    def shared_scale(self, x):
+        x = self._check_input(x)
+        scales = np.empty(self._nbuckets(x.size), dtype=np.float32)
+        K.bucket_scales(x, self.bucket, self.norm == "max", scales)
+        return scales
+
+    def to_summable(self, x, scale, ctx):
+        x = self._check_input(x)
+        scales = scale_array(scale, self._nbuckets(x.size), self.name)
+        codes = np.empty(x.size, dtype=np.int8)
+        K.qsgd_shared_codes(x, self.bucket, self.levels, scales, self._key(ctx), ctx.offset,
+                            codes)
+        return codes
+
+    def summable_dtype(self, nranks):
+        return summed_code_dtype(int(nranks) * self.levels)
+
+    def from_summable(self, total, scale, out, add=False):
+        check_total(total, out, self.name)
+        scales = scale_array(scale, self._nbuckets(out.size), self.name)
+        K.summed_decode(total, self.bucket, self.levels, scales, out, add)
+        return out

@@ -1,0 +1,556 @@
+"""CPU kernels of the quantizing codecs: fp16, bf16, onebit, terngrad, qsgd.
+
+numba ``@njit(cache=True)`` loops over flat, contiguous arrays.  The codecs in
+:mod:`hpccomm.codecs` validate every size and header field before calling
+them: the kernels do no bounds checks.
+
+Conventions shared with :mod:`hpccomm.kernels.cuda` (which produces the same
+bytes):
+
+* random numbers: element ``i`` of the encoded vector draws
+  ``u_i = uniform01(key, offset + i)`` (:mod:`hpccomm.kernels.rng`);
+* TernGrad keeps element ``i`` with probability ``min(|x_i|, t) / s``, decided
+  in float32 as ``u_i * s < min(|x_i|, t)`` (one rounding, no division);
+* QSGD takes ``a_i = |x_i| * (L / scale)`` in float64 (``L`` levels, the
+  product rounded before the sum) and level ``min(floor(a_i + u_i), L)``:
+  ``floor(a_i) + 1`` with probability ``a_i - floor(a_i)``.  A bucket whose
+  scale is zero or not finite gets all-zero codes;
+* ``b``-bit codes (``b`` in 2, 4, 8) are two's complement, packed LSB first:
+  element ``i`` takes bits ``(i b) mod 8 ..`` of byte ``(i b) // 8``; sign
+  bits are little-endian uint32 words with element ``i`` at bit ``i mod 32``
+  of word ``i // 32`` (the same LSB-first byte stream);
+* a code ``q`` with scale ``S`` and ``L`` levels decodes to
+  ``float32(q * (float64(S) / L))``.
+
+Floating-point sums (column means, bucket norms, moments) are float64 partial
+sums in :data:`LANES` lanes -- element ``i`` of a range starting at ``lo`` goes
+to lane ``(i - lo) mod LANES`` -- combined by the fixed pairwise tree of
+:func:`_lane_total`.  The order is fixed, so results depend on the data alone
+(not on threads or on the machine), and the lanes let LLVM vectorize.
+
+Performance notes: the kernels are single-threaded (no ``prange``); encoders
+read the input once where the format allows (TernGrad needs its scale first:
+two passes), working block by block through small L1-resident scratch
+arrays.  Hot loops index slices with ``range`` variables, or with uint64, so
+that numba emits no negative-index wraparound (which defeats vectorization).
+Packing through uint16 / uint32 views of the scratch assumes a little-endian
+host.
+"""
+import numpy as np
+from numba import njit
+
+from .rng import uniform01_cpu
+
+#: float64 partial sums per reduction (see the module docstring)
+LANES = 32
+#: elements per block of the blocked encoders (a multiple of 32)
+BLOCK = 4096
+F32_MAX = float(np.finfo(np.float32).max)
+
+_U0 = np.uint64(0)
+_U1 = np.uint64(1)
+_U5 = np.uint64(5)
+_U31 = np.uint64(31)
+_U32 = np.uint64(32)
+
+
+@njit(cache=True, inline="always")
+def _lane_total(acc, start):
+    """Sum of ``acc[start:start + LANES]`` as a fixed pairwise tree (lane
+    ``k`` += lane ``k + w`` for ``w`` = 16, 8, 4, 2, 1); clobbers the lanes."""
+    w = LANES // 2
+    while w >= 1:
+        for k in range(w):
+            acc[start + k] += acc[start + k + w]
+        w //= 2
+    return acc[start]
+
+
+# ---------------------------------------------------------------------------
+# fp16 / bf16
+# ---------------------------------------------------------------------------
+#: 2**(e - 25) for half exponent fields e = 0..31 (e = 0 scales like e = 1)
+_F16_POW2 = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], dtype=np.float32)
+
+
+@njit(cache=True)
+def f32_to_f16(u, out):
+    """float32 bit patterns ``u`` (uint32) -> IEEE half bit patterns
+    (uint16), rounding to nearest even.  Finite values beyond the half range
+    saturate to +-65504; +-inf stay infinite; NaN becomes a quiet NaN of the
+    same sign."""
+    for i in range(u.size):
+        a = np.int64(u[i])
+        sign = (a >> 16) & 0x8000
+        a &= 0x7FFFFFFF
+        if a >= 0x7F800000:                      # inf or NaN
+            h = 0x7C00 if a == 0x7F800000 else 0x7E00 | ((a >> 13) & 0x3FF)
+        elif a >= 0x477FF000:                    # rounds to >= 65520: saturate
+            h = 0x7BFF
+        elif a >= 0x38800000:                    # normal half (>= 2**-14)
+            h = (a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13
+        elif a >= 0x33000000:                    # subnormal half (>= 2**-25)
+            shift = 126 - (a >> 23)              # 14 .. 24
+            m = (a & 0x7FFFFF) | 0x800000
+            h = m >> shift
+            rem = m & ((1 << shift) - 1)
+            half = 1 << (shift - 1)
+            if rem > half or (rem == half and (h & 1) == 1):
+                h += 1
+        else:
+            h = 0
+        out[i] = h | sign
+
+
+@njit(cache=True)
+def f16_to_f32(h, out, add):
+    """IEEE half bit patterns (uint16) -> float32 (exact); ``add``: ``out +=``."""
+    for i in range(h.size):
+        b = np.int64(h[i])
+        e = (b >> 10) & 0x1F
+        m = b & 0x3FF
+        if e == 0x1F:
+            v = np.float32(np.inf) if m == 0 else np.float32(np.nan)
+        else:
+            if e != 0:
+                m |= 0x400
+            v = np.float32(m) * _F16_POW2[e]
+        if b & 0x8000:
+            v = -v
+        if add:
+            out[i] += v
+        else:
+            out[i] = v
+
+
+@njit(cache=True)
+def f32_to_bf16(u, out):
+    """float32 bit patterns (uint32) -> bfloat16 bit patterns (uint16),
+    nearest even.  Finite values that would round to infinity saturate to the
+    largest bfloat16 (+-3.3895e38); NaN becomes a quiet NaN of the same sign."""
+    for i in range(u.size):
+        w = np.int64(u[i])
+        a = w & 0x7FFFFFFF
+        if a > 0x7F800000:
+            h = (w >> 16) | 0x40
+        elif a >= 0x7F7F8000 and a < 0x7F800000:
+            h = ((w >> 16) & 0x8000) | 0x7F7F
+        else:
+            h = (w + 0x7FFF + ((w >> 16) & 1)) >> 16
+        out[i] = h
+
+
+@njit(cache=True)
+def bf16_to_f32(h, out, add):
+    """bfloat16 bit patterns (uint16) -> float32 (exact); ``add``: ``out +=``."""
+    n = h.size
+    if not add:
+        bits = out.view(np.uint32)
+        for i in range(n):
+            bits[i] = np.uint32(h[i]) << np.uint32(16)
+        return
+    scratch = np.empty(BLOCK, dtype=np.uint32)
+    values = scratch.view(np.float32)
+    for lo in range(0, n, BLOCK):
+        m = min(BLOCK, n - lo)
+        hb = h[lo:lo + m]
+        ob = out[lo:lo + m]
+        for k in range(m):
+            scratch[k] = np.uint32(hb[k]) << np.uint32(16)
+        for k in range(m):
+            ob[k] += values[k]
+
+
+# ---------------------------------------------------------------------------
+# onebit
+# ---------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _sign_sums(xb, acc):
+    """Add the entries of ``xb`` that are ``>= 0`` to lanes ``acc[0:LANES]``
+    and the others to ``acc[LANES:2 LANES]``; return how many were ``>= 0``."""
+    m = xb.size
+    body = m - m % LANES
+    npos = 0
+    for w in range(body // LANES):
+        i0 = w * LANES
+        for k in range(LANES):
+            v = np.float64(xb[i0 + k])
+            p = v >= 0
+            pos = v if p else 0.0
+            acc[k] += pos
+            acc[LANES + k] += v - pos
+            npos += np.int64(p)
+    for k in range(m - body):
+        v = np.float64(xb[body + k])
+        p = v >= 0
+        pos = v if p else 0.0
+        acc[k] += pos
+        acc[LANES + k] += v - pos
+        npos += np.int64(p)
+    return npos
+
+
+@njit(cache=True, inline="always")
+def _pack_signs(x, lo, hi, words, carry):
+    """Sign bits of ``x[lo:hi]`` into ``words`` at absolute bit positions;
+    ``carry`` is the pending partial word before ``lo``.  Returns the pending
+    partial word after ``hi`` (stored by the caller at the very end)."""
+    i = np.uint64(lo)
+    end = np.uint64(hi)
+    while i < end and (i & _U31) != _U0:         # head: up to a word boundary
+        carry |= np.int64(x[i] >= 0) << np.int64(i & _U31)
+        i += _U1
+        if (i & _U31) == _U0:
+            words[(i >> _U5) - _U1] = carry
+            carry = 0
+    while i + _U32 <= end:                       # body: whole words
+        w = np.int64(0)
+        for k in range(32):
+            w |= np.int64(x[i + np.uint64(k)] >= 0) << k
+        words[i >> _U5] = w
+        i += _U32
+    while i < end:                               # tail: a partial word
+        carry |= np.int64(x[i] >= 0) << np.int64(i & _U31)
+        i += _U1
+    return carry
+
+
+@njit(cache=True)
+def onebit_encode(x, col_len, means, words):
+    """Sign bits and per-column means of ``x``, reading ``x`` once.
+
+    Columns are the runs ``[c H, min((c + 1) H, n))``, ``H = col_len``.
+    ``means[2c]`` gets the mean of the column's entries ``>= 0`` and
+    ``means[2c + 1]`` the mean of its entries ``< 0`` (0 for an empty class):
+    float64 lane sums divided by the count, rounded once to float32.
+    ``words`` (uint32, ``ceil(n / 32)``) gets bit ``i mod 32`` of word
+    ``i // 32`` set iff ``x[i] >= 0``; unused bits of the last word are 0.
+    """
+    n = x.size
+    acc = np.zeros(2 * LANES)
+    carry = np.int64(0)
+    for c in range(means.size // 2):
+        lo = c * col_len
+        hi = min(lo + col_len, n)
+        acc[:] = 0.0
+        npos = 0
+        for blo in range(lo, hi, BLOCK):
+            bhi = min(blo + BLOCK, hi)
+            npos += _sign_sums(x[blo:bhi], acc)
+            carry = _pack_signs(x, blo, bhi, words, carry)
+        means[2 * c] = _lane_total(acc, 0) / max(npos, 1)
+        means[2 * c + 1] = _lane_total(acc, LANES) / max(hi - lo - npos, 1)
+    if n & 31:
+        words[n >> 5] = carry
+
+
+@njit(cache=True)
+def onebit_decode(words, means, col_len, out, add):
+    """``out[i] = means[2c]`` if bit ``i`` is set, else ``means[2c + 1]``
+    (``c = i // col_len``); ``add``: ``out +=``."""
+    n = out.size
+    for c in range(means.size // 2):
+        lo = c * col_len
+        hi = min(lo + col_len, n)
+        mp = means[2 * c]
+        mn = means[2 * c + 1]
+        i = np.uint64(lo)
+        end = np.uint64(hi)
+        while i < end and ((i & _U31) != _U0 or i + _U32 > end):
+            v = mp if (np.int64(words[i >> _U5]) >> np.int64(i & _U31)) & 1 else mn
+            if add:
+                out[i] += v
+            else:
+                out[i] = v
+            i += _U1
+        while i + _U32 <= end:
+            w = np.int64(words[i >> _U5])
+            if add:
+                for k in range(32):
+                    out[i + np.uint64(k)] += mp if (w >> k) & 1 else mn
+            else:
+                for k in range(32):
+                    out[i + np.uint64(k)] = mp if (w >> k) & 1 else mn
+            i += _U32
+        while i < end:
+            v = mp if (np.int64(words[i >> _U5]) >> np.int64(i & _U31)) & 1 else mn
+            if add:
+                out[i] += v
+            else:
+                out[i] = v
+            i += _U1
+
+
+# ---------------------------------------------------------------------------
+# b-bit two's complement codes (terngrad, qsgd)
+# ---------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _pack_block(codes, m, bits, packed, first):
+    """Pack ``codes[0:m]`` (an int8 scratch of :data:`BLOCK` codes, two's
+    complement) into ``packed`` from byte ``first`` on; element 0 starts a
+    byte.  Whole bytes are built from uint32 / uint16 views of the scratch
+    (little-endian: code ``k`` of a word sits in its byte ``k``)."""
+    full = (m * bits) >> 3
+    dst = packed[first:first + full]
+    if bits == 2:
+        quads = codes.view(np.uint32)
+        for j in range(full):
+            w = quads[j]
+            dst[j] = (w & 0x3) | ((w >> 6) & 0xC) | ((w >> 12) & 0x30) | ((w >> 18) & 0xC0)
+    elif bits == 4:
+        pairs = codes.view(np.uint16)
+        for j in range(full):
+            w = pairs[j]
+            dst[j] = (w & 0xF) | ((w >> 4) & 0xF0)
+    else:
+        raw = codes.view(np.uint8)
+        for j in range(full):
+            dst[j] = raw[j]
+    per = 8 // bits
+    if full * per < m:
+        byte = np.int64(0)
+        for k in range(m - full * per):
+            byte |= (np.int64(codes[full * per + k]) & ((1 << bits) - 1)) << (k * bits)
+        packed[first + full] = byte
+
+
+@njit(cache=True, inline="always")
+def _unpack_codes(src, m, bits, codes):
+    """Sign-extend ``m`` packed ``bits``-bit codes (``src`` starts at the
+    first one's byte) into the int8 scratch ``codes``."""
+    per = 8 // bits
+    mask = (1 << bits) - 1
+    half = 1 << (bits - 1)
+    full = m // per
+    for j in range(full):
+        b = np.int64(src[j])
+        for k in range(per):
+            codes[j * per + k] = (((b >> (k * bits)) & mask) ^ half) - half
+    if full * per < m:
+        b = np.int64(src[full])
+        for k in range(m - full * per):
+            codes[full * per + k] = (((b >> (k * bits)) & mask) ^ half) - half
+
+
+@njit(cache=True, inline="always")
+def _unpack_block(packed, first, m, bits, codes):
+    # literal bit widths let the compiler unroll and vectorize each case
+    src = packed[first:first + ((m * bits + 7) >> 3)]
+    if bits == 2:
+        _unpack_codes(src, m, 2, codes)
+    elif bits == 4:
+        _unpack_codes(src, m, 4, codes)
+    else:
+        _unpack_codes(src, m, 8, codes)
+
+
+@njit(cache=True)
+def codes_decode(packed, bits, bucket, levels, scales, out, add):
+    """Dense values of packed ``bits``-bit codes: element ``i`` of bucket
+    ``j = i // bucket`` decodes to ``float32(q_i * (float64(scales[j]) / levels))``;
+    ``add``: ``out +=``."""
+    n = out.size
+    codes = np.empty(BLOCK, dtype=np.int8)
+    for blo in range(0, n, BLOCK):
+        bhi = min(blo + BLOCK, n)
+        _unpack_block(packed, (blo * bits) >> 3, bhi - blo, bits, codes)
+        i = blo
+        while i < bhi:
+            j = i // bucket
+            seg = min((j + 1) * bucket, bhi)
+            _scale_codes(codes[i - blo:seg - blo], np.float64(scales[j]) / levels,
+                         out[i:seg], add)
+            i = seg
+
+
+@njit(cache=True, inline="always")
+def _scale_codes(codes, unit, out, add):
+    if add:
+        for k in range(out.size):
+            out[k] += np.float32(codes[k] * unit)
+    else:
+        for k in range(out.size):
+            out[k] = np.float32(codes[k] * unit)
+
+
+@njit(cache=True)
+def summed_decode(total, bucket, levels, scales, out, add):
+    """Like :func:`codes_decode` for unpacked integer codes (or sums of them)."""
+    n = out.size
+    for j in range(scales.size):
+        lo = j * bucket
+        hi = min(lo + bucket, n)
+        _scale_codes(total[lo:hi], np.float64(scales[j]) / levels, out[lo:hi], add)
+
+
+# ---------------------------------------------------------------------------
+# terngrad
+# ---------------------------------------------------------------------------
+@njit(cache=True)
+def tern_stats(x):
+    """``(max|x|, S1, S2)``: ``S1 = sum(x - x[0])`` and ``S2 = sum((x - x[0])**2)``
+    in float64 lanes (shifted sums: exactly zero variance for constant input).
+    A NaN anywhere makes ``S1`` NaN; ``max|x|`` ignores NaN."""
+    n = x.size
+    if n == 0:
+        return np.float32(0.0), 0.0, 0.0
+    x0 = np.float64(x[0])
+    mx = np.zeros(LANES, dtype=np.float32)
+    acc = np.zeros(2 * LANES)
+    body = n - n % LANES
+    for w in range(body // LANES):
+        i0 = w * LANES
+        for k in range(LANES):
+            v = x[i0 + k]
+            a = abs(v)
+            mx[k] = a if a > mx[k] else mx[k]
+            d = np.float64(v) - x0
+            acc[k] += d
+            acc[LANES + k] += d * d
+    for k in range(n - body):
+        v = x[body + k]
+        a = abs(v)
+        mx[k] = a if a > mx[k] else mx[k]
+        d = np.float64(v) - x0
+        acc[k] += d
+        acc[LANES + k] += d * d
+    return mx.max(), _lane_total(acc, 0), _lane_total(acc, LANES)
+
+
+@njit(cache=True, inline="always")
+def _tern_code(v, u, scale, clip):
+    sign = np.int64(v > 0) - np.int64(v < 0)
+    return sign if u * scale < min(abs(v), clip) else 0
+
+
+@njit(cache=True)
+def tern_codes(x, key, offset, scale, clip, codes):
+    """Stochastic ternary codes, one per element of ``codes`` (any integer
+    dtype): ``sign(x_i)`` if ``u_i * scale < min(|x_i|, clip)`` else 0, in
+    float32 arithmetic."""
+    base = np.uint64(offset)
+    for i in range(x.size):
+        u = uniform01_cpu(key, base + np.uint64(i))
+        codes[i] = _tern_code(x[i], u, scale, clip)
+
+
+@njit(cache=True)
+def tern_pack(x, key, offset, scale, clip, packed):
+    """The codes of :func:`tern_codes`, 2-bit packed into ``packed``
+    (``ceil(n / 4)`` bytes)."""
+    n = x.size
+    codes = np.empty(BLOCK, dtype=np.int8)
+    for lo in range(0, n, BLOCK):
+        m = min(BLOCK, n - lo)
+        tern_codes(x[lo:lo + m], key, offset + lo, scale, clip, codes)
+        _pack_block(codes, m, 2, packed, lo >> 2)
+
+
+# ---------------------------------------------------------------------------
+# qsgd
+# ---------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _bucket_scale(xb, use_max, acc):
+    """float32 scale of one bucket: max |x| (NaN if any NaN), or the l2 norm
+    from float64 lane sums of squares, rounded once (finite norms beyond the
+    float32 range saturate to its maximum).  ``acc``: 2 LANES float64 scratch."""
+    m = xb.size
+    body = m - m % LANES
+    if use_max:
+        mx = acc[:LANES]
+        mx[:] = 0.0
+        nan = 0
+        for w in range(body // LANES):
+            i0 = w * LANES
+            for k in range(LANES):
+                a = np.float64(abs(xb[i0 + k]))
+                mx[k] = a if a > mx[k] else mx[k]
+                nan |= np.int64(a != a)
+        for k in range(m - body):
+            a = np.float64(abs(xb[body + k]))
+            mx[k] = a if a > mx[k] else mx[k]
+            nan |= np.int64(a != a)
+        return np.float32(np.nan) if nan else np.float32(mx.max())
+    acc[:LANES] = 0.0
+    for w in range(body // LANES):
+        i0 = w * LANES
+        for k in range(LANES):
+            v = np.float64(xb[i0 + k])
+            acc[k] += v * v
+    for k in range(m - body):
+        v = np.float64(xb[body + k])
+        acc[k] += v * v
+    r = np.sqrt(_lane_total(acc, 0))
+    if r > F32_MAX and r < np.inf:
+        r = F32_MAX
+    return np.float32(r)
+
+
+@njit(cache=True)
+def bucket_scales(x, bucket, use_max, scales):
+    """Per-bucket scales of ``x`` (see :func:`_bucket_scale`)."""
+    n = x.size
+    acc = np.zeros(2 * LANES)
+    for j in range(scales.size):
+        lo = j * bucket
+        scales[j] = _bucket_scale(x[lo:min(lo + bucket, n)], use_max, acc)
+
+
+@njit(cache=True, inline="always")
+def _ratio(scale, levels):
+    """``levels / scale`` in float64, or 0 when the bucket gets zero codes."""
+    if scale > 0 and scale < np.inf:
+        return levels / np.float64(scale)
+    return 0.0
+
+
+@njit(cache=True)
+def qsgd_codes(x, key, offset, ratio, levels, codes):
+    """QSGD codes of ``x`` (one bucket, ``ratio = levels / scale``), one per
+    element of ``codes`` (any integer dtype)."""
+    base = np.uint64(offset)
+    for i in range(x.size):
+        u = uniform01_cpu(key, base + np.uint64(i))
+        v = x[i]
+        q = min(np.int64(abs(np.float64(v)) * ratio + u), levels)
+        codes[i] = -q if v < 0 else q
+
+
+@njit(cache=True)
+def qsgd_encode(x, bucket, bits, levels, use_max, key, offset, scales, packed):
+    """QSGD reading ``x`` once: per bucket its scale into ``scales[j]`` (see
+    :func:`_bucket_scale`), then its stochastically rounded codes, ``bits``-bit
+    packed into ``packed`` (``ceil(n bits / 8)`` bytes)."""
+    n = x.size
+    acc = np.zeros(2 * LANES)
+    codes = np.empty(BLOCK, dtype=np.int8)
+    j = 0                       # current bucket
+    bucket_end = 0
+    ratio = 0.0
+    for blo in range(0, n, BLOCK):
+        bhi = min(blo + BLOCK, n)
+        i = blo
+        while i < bhi:
+            if i == bucket_end:
+                lo = j * bucket
+                bucket_end = min(lo + bucket, n)
+                scale = _bucket_scale(x[lo:bucket_end], use_max, acc)
+                scales[j] = scale
+                ratio = _ratio(scale, levels)
+                j += 1
+            seg = min(bucket_end, bhi)
+            qsgd_codes(x[i:seg], key, offset + i, ratio, levels, codes[i - blo:seg - blo])
+            i = seg
+        _pack_block(codes, bhi - blo, bits, packed, (blo * bits) >> 3)
+
+
+@njit(cache=True)
+def qsgd_shared_codes(x, bucket, levels, scales, key, offset, codes):
+    """QSGD codes against given per-bucket ``scales`` (e.g. MAX-shared across
+    ranks), one per element of ``codes``."""
+    n = x.size
+    for j in range(scales.size):
+        lo = j * bucket
+        hi = min(lo + bucket, n)
+        qsgd_codes(x[lo:hi], key, offset + lo, _ratio(scales[j], levels), levels,
+                   codes[lo:hi])

@@ -1,0 +1,678 @@
+"""The quantizing codecs fp16, bf16, onebit, terngrad and qsgd (no MPI).
+
+Each codec is checked against a plain numpy reference written here from the
+layouts in the codec modules' docstrings (bit-exact packets: every codec is
+deterministic given the counter-based random numbers), then for error bounds,
+exact cases, unbiasedness, the summable form, non-finite input, and corrupt
+packets (hypothesis).
+"""
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hpccomm
+from hpccomm.codecs.base import HEADER, HEADER_SIZE, EncodeContext
+from hpccomm.errors import NonFiniteError, PacketError
+from hpccomm.kernels.rng import stream_key, uniform_array
+
+SIZES = [0, 1, 7, 31, 33, 100, 1000, 4097]
+CTX = EncodeContext(seed=7, rank=3, step=11, offset=5)
+
+#: (codec name, parameters) covering every layout variant
+VARIANTS = [
+    ("fp16", {}),
+    ("bf16", {}),
+    ("onebit", {}),
+    ("onebit", {"col_len": 7}),
+    ("onebit", {"col_len": 64}),
+    ("terngrad", {}),
+    ("terngrad", {"clip": None}),
+    ("qsgd", {}),
+    ("qsgd", {"bits": 2, "bucket": 7}),
+    ("qsgd", {"bits": 4, "bucket": 33, "norm": "max"}),
+    ("qsgd", {"bits": 8, "bucket": 100}),
+]
+IDS = [f"{name}-{'-'.join(f'{k}={v}' for k, v in p.items())}" for name, p in VARIANTS]
+
+
+def make(name, params, **extra):
+    return hpccomm.get_codec(name, **params, **extra)
+
+
+def data(n, seed=0):
+    rng = np.random.default_rng(seed + n)
+    x = rng.standard_normal(n).astype(np.float32)
+    if n > 10:  # a few exact zeros, large and tiny values
+        x[3] = 0.0
+        x[4] *= 50
+        x[5] *= 1e-6
+    return x
+
+
+def decode(codec, packet, n):
+    return codec.decode(packet, np.empty(n, dtype=np.float32))
+
+
+# ---------------------------------------------------------------------------
+# numpy reference implementations
+# ---------------------------------------------------------------------------
+def ref_header(codec_id, n, extra=0):
+    h = np.zeros(1, dtype=HEADER)
+    h["magic"], h["version"], h["codec"], h["extra"], h["n"] = b"HC", 1, codec_id, extra, n
+    return h.view(np.uint8)
+
+
+def pack_lsb_first(codes, bits):
+    """``bits``-bit codes (two's complement), element i at bit (i bits) mod 8
+    of byte (i bits) // 8."""
+    per = 8 // bits
+    c = (np.asarray(codes, dtype=np.int64) & ((1 << bits) - 1)).astype(np.uint8)
+    c = np.concatenate([c, np.zeros(-c.size % per, dtype=np.uint8)]).reshape(-1, per)
+    shifts = (np.arange(per) * bits).astype(np.uint8)
+    return np.bitwise_or.reduce(c << shifts, axis=1).astype(np.uint8)
+
+
+def unpack_lsb_first(payload, bits, n):
+    per = 8 // bits
+    b = np.repeat(payload.astype(np.int64), per)[:n]
+    raw = (b >> ((np.arange(n) % per) * bits)) & ((1 << bits) - 1)
+    half = 1 << (bits - 1)
+    return (raw ^ half) - half
+
+
+def ref_fp16(x, codec_id=1):
+    with np.errstate(over="ignore"):
+        h = x.astype(np.float16)
+    big = np.isinf(h) & np.isfinite(x)
+    h[big] = np.copysign(np.float16(65504), x[big])
+    return np.concatenate([ref_header(codec_id, x.size), h.view(np.uint8)])
+
+
+def ref_bf16(x):
+    u = x.view(np.uint32).astype(np.uint64)
+    r = ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+    big = ((u & 0x7FFFFFFF) >= 0x7F7F8000) & ((u & 0x7FFFFFFF) < 0x7F800000)
+    r[big] = ((u[big] >> 16) & 0x8000) | 0x7F7F
+    return np.concatenate([ref_header(2, x.size), r.view(np.uint8)])
+
+
+def ref_onebit(x, col_len):
+    n = x.size
+    H = min(col_len, max(n, 1))
+    means = []
+    for lo in range(0, n, H):
+        col = x[lo:lo + H].astype(np.float64)
+        pos, neg = col[col >= 0], col[col < 0]
+        means += [pos.sum() / max(pos.size, 1), neg.sum() / max(neg.size, 1)]
+    means = np.array(means, dtype=np.float32)
+    bits = np.packbits(x >= 0, bitorder="little")
+    bits = np.concatenate([bits, np.zeros(-bits.size % 4, dtype=np.uint8)])
+    return np.concatenate([ref_header(3, n, H), means.view(np.uint8), bits])
+
+
+def ref_onebit_decode(x, col_len):
+    n = x.size
+    out = np.empty(n, dtype=np.float32)
+    for lo in range(0, n, col_len):
+        col = x[lo:lo + col_len]
+        pos, neg = col[col >= 0], col[col < 0]
+        mp = np.float32(pos.astype(np.float64).sum() / max(pos.size, 1))
+        mn = np.float32(neg.astype(np.float64).sum() / max(neg.size, 1))
+        out[lo:lo + col_len] = np.where(col >= 0, mp, mn)
+    return out
+
+
+def ref_tern_scale(x, clip):
+    if x.size == 0:
+        return np.float32(0)
+    s = float(np.abs(x).max())
+    sigma = float(np.std(x.astype(np.float64)))
+    if clip is not None and sigma > 0:
+        s = min(s, clip * sigma)
+    return np.float32(s)
+
+
+def ref_tern_codes(x, ctx, shared, own):
+    u = uniform_array(stream_key(ctx.seed, ctx.rank, ctx.step, 4), ctx.offset, x.size)
+    keep = u * shared < np.minimum(np.abs(x), own)
+    return (np.sign(x) * keep).astype(np.int8)
+
+
+def ref_terngrad(x, ctx, clip=2.5):
+    s = ref_tern_scale(x, clip)
+    codes = ref_tern_codes(x, ctx, s, s)
+    return np.concatenate([ref_header(4, x.size), np.array([s], np.float32).view(np.uint8),
+                           pack_lsb_first(codes, 2)])
+
+
+def ref_qsgd_scales(x, d, norm):
+    out = []
+    for lo in range(0, x.size, d):
+        b = x[lo:lo + d]
+        if norm == "max":
+            out.append(np.abs(b).max())
+        else:
+            out.append(np.sqrt(np.sum(b.astype(np.float64) ** 2)))
+    return np.array(out, dtype=np.float32)
+
+
+def ref_qsgd_codes(x, ctx, d, levels, scales):
+    u = uniform_array(stream_key(ctx.seed, ctx.rank, ctx.step, 5), ctx.offset, x.size)
+    codes = np.zeros(x.size, dtype=np.int64)
+    for j, lo in enumerate(range(0, x.size, d)):
+        s = scales[j]
+        if not (s > 0 and np.isfinite(s)):
+            continue
+        a = np.abs(x[lo:lo + d].astype(np.float64)) * (levels / np.float64(s))
+        q = np.minimum(np.floor(a + u[lo:lo + d].astype(np.float64)), levels).astype(np.int64)
+        codes[lo:lo + d] = np.where(x[lo:lo + d] < 0, -q, q)
+    return codes
+
+
+def ref_qsgd(x, ctx, bits=4, bucket=512, norm="l2"):
+    n = x.size
+    d = min(bucket, max(n, 1))
+    levels = 2 ** (bits - 1) - 1
+    scales = ref_qsgd_scales(x, d, norm)
+    codes = ref_qsgd_codes(x, ctx, d, levels, scales)
+    return np.concatenate([ref_header(5, n, d | bits << 28), scales.view(np.uint8),
+                           pack_lsb_first(codes, bits)])
+
+
+def ref_codes_decode(codes, scales, d, levels):
+    unit = np.repeat(scales.astype(np.float64) / levels, d)[:codes.size]
+    return (codes * unit).astype(np.float32)
+
+
+def reference(name, params, x, ctx):
+    if name == "fp16":
+        return ref_fp16(x)
+    if name == "bf16":
+        return ref_bf16(x)
+    if name == "onebit":
+        return ref_onebit(x, params.get("col_len") or max(x.size, 1))
+    if name == "terngrad":
+        return ref_terngrad(x, ctx, params.get("clip", 2.5))
+    return ref_qsgd(x, ctx, **params)
+
+
+def formula(name, params, n):
+    """Wire sizes as documented in the module docstrings."""
+    if name in ("fp16", "bf16"):
+        return 16 + 2 * n
+    if name == "onebit":
+        H = params.get("col_len") or max(n, 1)
+        return 16 + 8 * math.ceil(n / H) + 4 * math.ceil(n / 32)
+    if name == "terngrad":
+        return 20 + math.ceil(n / 4)
+    d, b = min(params.get("bucket", 512), max(n, 1)), params.get("bits", 4)
+    return 16 + 4 * math.ceil(n / d) + math.ceil(n * b / 8)
+
+
+# ---------------------------------------------------------------------------
+# packets against the references
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+@pytest.mark.parametrize("n", SIZES)
+def test_packet_matches_reference(name, params, n):
+    codec = make(name, params)
+    x = data(n)
+    ctx = EncodeContext(CTX.seed, CTX.rank, CTX.step, CTX.offset, shape=(n,))
+    packet = codec.encode(x, ctx)
+    np.testing.assert_array_equal(packet, reference(name, params, x, ctx))
+    assert packet.size == formula(name, params, n)
+    size = codec.wire_size(n) if codec.fixed_size else codec.wire_size(n, (n,))
+    assert size == packet.size <= codec.max_wire_size(n)
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+@pytest.mark.parametrize("n", [0, 33, 4097])
+def test_decode_and_decode_add(name, params, n):
+    codec = make(name, params)
+    x = data(n, seed=1)
+    packet = codec.encode(x, CTX)
+    y = decode(codec, packet, n)
+    if name == "fp16":
+        np.testing.assert_array_equal(y, x.astype(np.float16).astype(np.float32))
+    elif name == "onebit":
+        np.testing.assert_array_equal(y, ref_onebit_decode(x, params.get("col_len") or max(n, 1)))
+    elif name in ("terngrad", "qsgd"):
+        bits = params.get("bits", 2 if name == "terngrad" else 4)
+        levels = 2 ** (bits - 1) - 1
+        hdr = packet[:HEADER_SIZE].view(HEADER)[0]
+        d = int(hdr["extra"]) & (2**28 - 1) if name == "qsgd" else max(n, 1)
+        nb = math.ceil(n / d)
+        scales = packet[16:16 + 4 * nb].view(np.float32)
+        codes = unpack_lsb_first(packet[16 + 4 * nb:], bits, n)
+        np.testing.assert_array_equal(y, ref_codes_decode(codes, scales, d, levels))
+    base = np.random.default_rng(2).standard_normal(n).astype(np.float32)
+    acc = base.copy()
+    codec.decode_add(packet, acc)
+    np.testing.assert_array_equal(acc, base + y)
+
+
+def test_ids_flags_and_params():
+    expect = {"fp16": 1, "bf16": 2, "onebit": 3, "terngrad": 4, "qsgd": 5}
+    for name, cid in expect.items():
+        c = hpccomm.get_codec(name)
+        assert c.codec_id == cid and c.name == name and name in hpccomm.available_codecs()
+    assert hpccomm.get_codec("onebit").biased and not hpccomm.get_codec("qsgd").biased
+    assert hpccomm.get_codec("terngrad").summable and hpccomm.get_codec("qsgd").summable
+    assert hpccomm.get_codec("terngrad").stochastic and hpccomm.get_codec("qsgd").stochastic
+    assert not hpccomm.get_codec("fp16").summable and not hpccomm.get_codec("onebit").summable
+    assert hpccomm.get_codec("qsgd", bits=2, bucket=64).params() == {
+        "bits": 2, "bucket": 64, "norm": "l2"}
+    assert hpccomm.get_codec("terngrad", clip=None).params() == {"clip": None}
+    assert hpccomm.get_codec("onebit", col_len=5).describe() == "onebit(col_len=5)"
+    assert not hpccomm.get_codec("onebit").fixed_size
+    assert hpccomm.get_codec("onebit", col_len=5).fixed_size
+
+
+@pytest.mark.parametrize("name,params", [
+    ("onebit", {"col_len": 0}), ("onebit", {"col_len": 2.5}), ("onebit", {"col_len": 2**32}),
+    ("terngrad", {"clip": 0}), ("terngrad", {"clip": -1.0}), ("terngrad", {"clip": math.inf}),
+    ("qsgd", {"bits": 3}), ("qsgd", {"bits": True}), ("qsgd", {"bucket": 0}),
+    ("qsgd", {"bucket": 2**28}), ("qsgd", {"norm": "l1"}), ("fp16", {"nonfinite": "ignore"}),
+])
+def test_bad_parameters(name, params):
+    with pytest.raises(ValueError):
+        hpccomm.get_codec(name, **params)
+
+
+# ---------------------------------------------------------------------------
+# onebit: columns
+# ---------------------------------------------------------------------------
+def test_onebit_column_length_from_shape_and_align():
+    codec = hpccomm.get_codec("onebit")
+    x = data(100)
+    for shape, H in [((4, 25), 25), ((2, 5, 10), 10), ((100,), 100), ((), 100)]:
+        packet = codec.encode(x, EncodeContext(shape=shape))
+        assert int(packet[:HEADER_SIZE].view(HEADER)[0]["extra"]) == H
+        np.testing.assert_array_equal(packet, ref_onebit(x, H))
+        assert codec.align(shape) == (H if shape else 1)
+        assert codec.wire_size(100, shape) == packet.size
+    assert codec.wire_size(100) is None
+    assert codec.max_wire_size(100) == 16 + 8 * 100 + 4 * 4
+    fixed = hpccomm.get_codec("onebit", col_len=30)
+    assert fixed.align((4, 25)) == 30
+    assert int(fixed.encode(x, EncodeContext(shape=(4, 25)))[4:8].view("<u4")[0]) == 30
+    # a column longer than the vector is stored clamped
+    assert int(fixed.encode(x[:10])[4:8].view("<u4")[0]) == 10
+
+
+@pytest.mark.parametrize("col_len", [1, 5, 32, 33, 100])
+@pytest.mark.parametrize("sign", [1.0, -1.0, 0.0])
+def test_onebit_exact_on_constant_columns(col_len, sign):
+    n = 4 * col_len + 3
+    cols = np.repeat(np.arange(1, n // col_len + 2, dtype=np.float32) * 0.37, col_len)[:n]
+    x = (sign * cols).astype(np.float32)
+    codec = hpccomm.get_codec("onebit", col_len=col_len)
+    np.testing.assert_array_equal(codec.roundtrip(x), x)
+
+
+def test_onebit_reconstruction_error_bound():
+    """Per column, the class means minimise the squared error, so
+    ||decode - x|| <= ||x|| column by column."""
+    x = data(4097, seed=3)
+    codec = hpccomm.get_codec("onebit", col_len=100)
+    y = codec.roundtrip(x)
+    for lo in range(0, x.size, 100):
+        xs, ys = x[lo:lo + 100].astype(np.float64), y[lo:lo + 100]
+        assert np.linalg.norm(ys - xs) <= np.linalg.norm(xs) * (1 + 1e-6)
+        assert np.all((ys >= 0) == (xs >= 0))
+
+
+def test_onebit_chunks_at_column_boundaries_match_the_whole():
+    x = data(1000, seed=4)
+    codec = hpccomm.get_codec("onebit")
+    shape = (10, 100)
+    whole = decode(codec, codec.encode(x, EncodeContext(shape=shape)), 1000)
+    parts = np.empty(1000, dtype=np.float32)
+    for lo, hi in [(0, 300), (300, 700), (700, 1000)]:
+        p = codec.encode(x[lo:hi], EncodeContext(shape=shape, offset=lo))
+        codec.decode(p, parts[lo:hi])
+    np.testing.assert_array_equal(parts, whole)
+
+
+# ---------------------------------------------------------------------------
+# fp16 / bf16
+# ---------------------------------------------------------------------------
+def test_fp16_exact_on_representable_values_and_saturates():
+    rng = np.random.default_rng(5)
+    bits = rng.integers(0, 0x10000, 5000, dtype=np.uint16)
+    h = bits.view(np.float16)
+    h = h[np.isfinite(h)]
+    x = h.astype(np.float32)
+    np.testing.assert_array_equal(hpccomm.get_codec("fp16").roundtrip(x), x)
+    big = np.array([65504, 65519.99, 65520, 1e6, -1e30, 3e38, 2.0**-25, 2.0**-24 * 1.5],
+                   dtype=np.float32)
+    np.testing.assert_array_equal(
+        hpccomm.get_codec("fp16").roundtrip(big),
+        np.array([65504, 65504, 65504, 65504, -65504, 65504, 0, 2.0**-23], dtype=np.float32))
+
+
+def test_bf16_exact_on_representable_values_and_saturates():
+    rng = np.random.default_rng(6)
+    x = (rng.integers(0, 0x10000, 5000, dtype=np.uint32) << 16).view(np.float32)
+    x = x[np.isfinite(x)]
+    np.testing.assert_array_equal(hpccomm.get_codec("bf16").roundtrip(x), x)
+    fmax = np.finfo(np.float32).max
+    y = hpccomm.get_codec("bf16").roundtrip(np.array([fmax, -fmax, 1.0 + 2.0**-8], np.float32))
+    assert y[0] == -y[1] == np.float32(3.3895314e38) and y[2] == 1.0  # tie to even
+
+
+@pytest.mark.parametrize("name,rel", [("fp16", 2.0**-11), ("bf16", 2.0**-8)])
+def test_half_width_error_bound(name, rel):
+    x = data(4097, seed=7)
+    y = hpccomm.get_codec(name).roundtrip(x)
+    assert np.all(np.abs(y - x) <= rel * np.abs(x) + 2.0**-25)
+
+
+# ---------------------------------------------------------------------------
+# terngrad / qsgd: error bounds, exact cases, unbiasedness
+# ---------------------------------------------------------------------------
+def test_terngrad_error_bound_and_signs():
+    x = data(4097, seed=8)
+    codec = hpccomm.get_codec("terngrad")
+    y = codec.roundtrip(x, CTX)
+    s = ref_tern_scale(x, 2.5)
+    assert set(np.unique(y)) <= {-s, 0, s}
+    assert np.all(np.abs(y - x) <= np.maximum(s, np.abs(x) - s) * (1 + 1e-6))
+    assert np.all((y == 0) | (np.sign(y) == np.sign(x)))
+    assert np.abs(x).max() > s  # clipping was active
+
+
+def test_terngrad_constant_input_is_exact():
+    codec = hpccomm.get_codec("terngrad")
+    for c in (-0.75, 3.0):
+        x = np.full(1001, c, dtype=np.float32)
+        np.testing.assert_array_equal(codec.roundtrip(x, CTX), x)
+    np.testing.assert_array_equal(codec.roundtrip(np.array([-2.5], np.float32)), [-2.5])
+
+
+@pytest.mark.parametrize("bits,norm", [(2, "l2"), (4, "l2"), (4, "max"), (8, "max")])
+def test_qsgd_error_bound_and_exact_maxima(bits, norm):
+    x = data(4097, seed=9)
+    d, levels = 64, 2 ** (bits - 1) - 1
+    codec = hpccomm.get_codec("qsgd", bits=bits, bucket=d, norm=norm)
+    y = codec.roundtrip(x, CTX)
+    scales = ref_qsgd_scales(x, d, norm)
+    step = np.repeat(scales.astype(np.float64) / levels, d)[:x.size]
+    assert np.all(np.abs(y - x) <= step * (1 + 1e-6))
+    assert np.all((y == 0) | (np.sign(y) == np.sign(x)))
+    if norm == "max":  # the bucket maximum decodes exactly to +-scale
+        for j in range(scales.size):
+            i = j * d + int(np.argmax(np.abs(x[j * d:(j + 1) * d])))
+            assert y[i] == x[i]
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+def test_zeros_decode_to_exact_zeros(name, params):
+    codec = make(name, params)
+    for n in (1, 33, 4097):
+        with np.errstate(all="raise"):
+            y = codec.roundtrip(np.zeros(n, np.float32), CTX)
+        np.testing.assert_array_equal(y, np.zeros(n, np.float32))
+
+
+def _mean_over_steps(codec, x, steps):
+    acc = np.zeros(x.size, dtype=np.float64)
+    out = np.empty(x.size, dtype=np.float32)
+    for t in range(steps):
+        acc += codec.decode(codec.encode(x, EncodeContext(seed=1, rank=2, step=t)), out)
+    return acc / steps
+
+
+@pytest.mark.parametrize("name,params", [
+    ("terngrad", {"clip": None}), ("qsgd", {"bits": 2, "bucket": 50}),
+    ("qsgd", {"bits": 4, "bucket": 512}), ("qsgd", {"bits": 4, "bucket": 64, "norm": "max"})])
+def test_unbiased(name, params):
+    """The mean over T steps (independent draws) of decode(encode(x)) is x:
+    the total and the sign-weighted total deviation stay within 5 standard
+    errors (variances known exactly: s|x| - x^2 for TernGrad, unit^2 f (1 - f)
+    for QSGD with f the fractional level)."""
+    x = data(1000, seed=10)
+    T = 300
+    codec = make(name, params)
+    mean = _mean_over_steps(codec, x, T)
+    x64 = x.astype(np.float64)
+    if name == "terngrad":
+        s = float(np.abs(x).max())
+        var = s * np.abs(x64) - x64 ** 2
+    else:
+        d, levels = params["bucket"], 2 ** (params["bits"] - 1) - 1
+        scales = ref_qsgd_scales(x, d, params.get("norm", "l2")).astype(np.float64)
+        unit = np.repeat(scales / levels, d)[:x.size]
+        a = np.abs(x64) / unit
+        f = a - np.floor(a)
+        var = unit ** 2 * f * (1 - f)
+    se = math.sqrt(var.sum() / T)
+    dev = mean - x64
+    assert abs(dev.sum()) <= 5 * se, (dev.sum(), se)
+    assert abs((np.sign(x64) * dev).sum()) <= 5 * se, ((np.sign(x64) * dev).sum(), se)
+
+
+def test_stochastic_draws_depend_on_rank_step_seed_only():
+    x = data(1000, seed=11)
+    for name in ("terngrad", "qsgd"):
+        codec = hpccomm.get_codec(name)
+        a = codec.encode(x, EncodeContext(seed=1, rank=0, step=0))
+        assert np.array_equal(a, codec.encode(x, EncodeContext(seed=1, rank=0, step=0)))
+        for ctx in (EncodeContext(seed=2), EncodeContext(seed=1, rank=1),
+                    EncodeContext(seed=1, step=1)):
+            assert not np.array_equal(a, codec.encode(x, ctx))
+
+
+def test_qsgd_chunks_at_bucket_boundaries_match_the_whole():
+    """Element i draws uniform01(key, offset + i): encoding a chunk at its
+    global offset gives the whole vector's codes and scales."""
+    x = data(4096, seed=12)
+    codec = hpccomm.get_codec("qsgd", bits=4, bucket=64)
+    ctx = EncodeContext(seed=3, rank=1, step=2)
+    whole = codec.encode(x, ctx)
+    nb = 4096 // 64
+    for lo, hi in [(0, 1024), (1024, 2048 + 512), (2048 + 512, 4096)]:
+        part = codec.encode(x[lo:hi], EncodeContext(3, 1, 2, lo))
+        k = (hi - lo) // 64
+        np.testing.assert_array_equal(part[16:16 + 4 * k], whole[16 + 4 * (lo // 64):][:4 * k])
+        np.testing.assert_array_equal(part[16 + 4 * k:],
+                                      whole[16 + 4 * nb + lo // 2:16 + 4 * nb + hi // 2])
+
+
+# ---------------------------------------------------------------------------
+# summable form
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name,params", [("terngrad", {}), ("terngrad", {"clip": None}),
+                                         ("qsgd", {"bits": 4, "bucket": 33}),
+                                         ("qsgd", {"bits": 8, "bucket": 100, "norm": "max"})])
+@pytest.mark.parametrize("n", [0, 1, 100, 4097])
+def test_summable_form(name, params, n):
+    codec = make(name, params)
+    P = 3
+    xs = [data(n, seed=20 + r) * (r + 1) for r in range(P)]
+    ctxs = [EncodeContext(seed=4, rank=r, step=1) for r in range(P)]
+    scales = [codec.shared_scale(x) for x in xs]
+    shared = np.max(scales, axis=0).astype(np.float32)
+    # a single rank: the summable codes decode exactly like a packet
+    own = codec.from_summable(codec.to_summable(xs[0], scales[0], ctxs[0]), scales[0],
+                              np.empty(n, np.float32))
+    np.testing.assert_array_equal(own, codec.roundtrip(xs[0], ctxs[0]))
+    dt = codec.summable_dtype(P)
+    total = np.zeros(n, dtype=dt)
+    for x, ctx in zip(xs, ctxs):
+        codes = codec.to_summable(x, shared, ctx)
+        assert codes.dtype == np.int8 and codes.size == n
+        if name == "terngrad":
+            ref = ref_tern_codes(x, ctx, shared[0], ref_tern_scale(x, params.get("clip", 2.5)))
+            levels, d = 1, max(n, 1)
+        else:
+            d, levels = params["bucket"], 2 ** (params["bits"] - 1) - 1
+            ref = ref_qsgd_codes(x, ctx, d, levels, shared)
+        np.testing.assert_array_equal(codes, ref)
+        assert np.all(np.abs(codes.astype(int)) <= levels)
+        total += codes.astype(dt)
+    out = codec.from_summable(total, shared, np.empty(n, np.float32))
+    np.testing.assert_array_equal(out, ref_codes_decode(total.astype(np.int64), shared, d,
+                                                        levels))
+    acc = np.ones(n, np.float32)
+    codec.from_summable(total, shared, acc, add=True)
+    np.testing.assert_array_equal(acc, np.float32(1) + out)
+
+
+def test_summable_dtypes_and_argument_checks():
+    t = hpccomm.get_codec("terngrad")
+    assert [t.summable_dtype(p) for p in (1, 127, 128, 32767, 32768)] == \
+        [np.int8, np.int8, np.int16, np.int16, np.int32]
+    q4 = hpccomm.get_codec("qsgd", bits=4)
+    assert [q4.summable_dtype(p) for p in (18, 19, 4681, 4682)] == \
+        [np.int8, np.int16, np.int16, np.int32]
+    q8 = hpccomm.get_codec("qsgd", bits=8)
+    assert [q8.summable_dtype(p) for p in (1, 2, 258, 259)] == \
+        [np.int8, np.int16, np.int16, np.int32]
+    q = hpccomm.get_codec("qsgd", bucket=10)
+    x = data(100)
+    with pytest.raises(ValueError, match="shared scale"):
+        q.to_summable(x, np.ones(9, np.float32), CTX)
+    with pytest.raises(ValueError, match="shared scale"):
+        t.from_summable(np.zeros(100, np.int8), np.ones(2, np.float32), np.empty(100, np.float32))
+    with pytest.raises(ValueError, match="summed codes"):
+        q.from_summable(np.zeros(99, np.int8), np.ones(10, np.float32), np.empty(100, np.float32))
+    with pytest.raises(TypeError):
+        q.from_summable(np.zeros(100, np.float32), np.ones(10, np.float32),
+                        np.empty(100, np.float32))
+
+
+# ---------------------------------------------------------------------------
+# input checks, non-finite values, float16-valued input
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_nonfinite_input(name, params, bad):
+    x = data(100)
+    x[17] = bad
+    with pytest.raises(NonFiniteError):
+        make(name, params).encode(x, CTX)
+    if make(name, params).summable:
+        with pytest.raises(NonFiniteError):
+            make(name, params).shared_scale(x)
+    y = make(name, params, nonfinite="propagate").roundtrip(x, CTX)
+    assert not np.isfinite(y[17])
+    if np.isnan(bad):
+        assert np.isnan(y[17])
+    elif name in ("fp16", "bf16"):
+        assert y[17] == bad and np.all(np.isfinite(np.delete(y, 17)))
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+def test_float16_valued_input(name, params):
+    x = data(1000, seed=13).astype(np.float16).astype(np.float32)
+    codec = make(name, params)
+    np.testing.assert_array_equal(codec.encode(x, CTX), reference(name, params, x, CTX))
+    if name == "fp16":
+        np.testing.assert_array_equal(codec.roundtrip(x), x)
+
+
+def test_input_type_checks():
+    codec = hpccomm.get_codec("qsgd")
+    with pytest.raises(TypeError, match="float32"):
+        codec.encode(np.zeros(4, np.float64))
+    with pytest.raises(TypeError, match="numpy"):
+        codec.encode([0.0, 1.0])
+    # multi-dimensional input is flattened
+    x = data(60).reshape(6, 10)
+    np.testing.assert_array_equal(codec.encode(x, CTX), codec.encode(x.reshape(-1), CTX))
+
+
+# ---------------------------------------------------------------------------
+# corrupt packets
+# ---------------------------------------------------------------------------
+GUARD = 16
+SENTINEL = np.float32(-12345.5)
+
+
+def guarded_decode(codec, packet, n, add=False):
+    """Decode into the middle of a larger buffer and check that nothing
+    outside ``out`` was written (numba kernels do no bounds checks)."""
+    buf = np.full(n + 2 * GUARD, SENTINEL, dtype=np.float32)
+    out = buf[GUARD:GUARD + n]
+    try:
+        (codec.decode_add if add else codec.decode)(packet, out)
+    finally:
+        assert np.all(buf[:GUARD] == SENTINEL) and np.all(buf[GUARD + n:] == SENTINEL)
+    return out
+
+
+def _corrupt_cases():
+    return st.tuples(st.sampled_from(range(len(VARIANTS))),
+                     st.sampled_from([0, 1, 7, 33, 100, 257]),
+                     st.sampled_from(["truncate", "extend", "header", "payload", "codec"]),
+                     st.integers(0, 2**32 - 1), st.binary(min_size=1, max_size=24),
+                     st.booleans())
+
+
+@settings(max_examples=200, deadline=None)
+@given(_corrupt_cases())
+def test_corrupt_packets_raise_or_decode_safely(case):
+    vi, n, how, pos, blob, add = case
+    name, params = VARIANTS[vi]
+    codec = make(name, params, nonfinite="propagate")
+    packet = codec.encode(data(n, seed=14), EncodeContext(shape=(n,))).copy()
+    if how == "truncate":
+        packet = packet[:pos % packet.size]
+    elif how == "extend":
+        packet = np.concatenate([packet, np.frombuffer(blob, dtype=np.uint8)])
+    elif how == "header":
+        for k, b in enumerate(blob[:4]):
+            packet[(pos + 3 * k) % HEADER_SIZE] = b
+    elif how == "payload":
+        if packet.size > HEADER_SIZE:
+            for k, b in enumerate(blob):
+                packet[HEADER_SIZE + (pos + 7 * k) % (packet.size - HEADER_SIZE)] = b
+    else:
+        packet[3] = (int(packet[3]) + 1 + pos % 250) % 256
+    try:
+        guarded_decode(codec, packet, n, add)
+    except PacketError:
+        assert how != "payload"
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+def test_header_field_and_length_checks(name, params):
+    codec = make(name, params)
+    x = data(100)
+    packet = codec.encode(x, EncodeContext(shape=(100,)))
+    with pytest.raises(PacketError, match="holds 100 elements"):
+        codec.decode(packet, np.empty(99, np.float32))
+    with pytest.raises(TypeError):
+        codec.decode(packet, np.empty(100, np.float64))
+    with pytest.raises(PacketError):
+        codec.decode(packet.view(np.int8), np.empty(100, np.float32))
+    other = hpccomm.get_codec("none").encode(x)
+    with pytest.raises(PacketError, match="codec id"):
+        codec.decode(other, np.empty(100, np.float32))
+    bad = packet.copy()
+    bad[2] = 2  # format version
+    with pytest.raises(PacketError, match="version"):
+        codec.decode(bad, np.empty(100, np.float32))
+    extra = packet[:HEADER_SIZE].view(HEADER)[0]["extra"]
+    bad_extras = {"fp16": [1], "bf16": [7], "terngrad": [1], "onebit": [0, 101, 2**32 - 1],
+                  "qsgd": [0, int(extra) & (2**28 - 1), 3 << 28 | 10, 8 << 28 | 101,
+                           15 << 28 | 50]}[name]
+    for value in bad_extras:
+        bad = packet.copy()
+        bad[4:8].view("<u4")[0] = value
+        with pytest.raises(PacketError):
+            codec.decode(bad, np.empty(100, np.float32))
+
+
+@pytest.mark.parametrize("name,params", VARIANTS, ids=IDS)
+def test_unaligned_packets_decode_alike(name, params):
+    """Packets received by MPI sit at any byte offset of a receive buffer."""
+    codec = make(name, params)
+    packet = codec.encode(data(1000, seed=15), CTX)
+    buf = np.zeros(packet.size + 3, dtype=np.uint8)
+    buf[3:] = packet
+    np.testing.assert_array_equal(decode(codec, buf[3:], 1000), decode(codec, packet, 1000))

@@ -1,0 +1,148 @@
+"""GPU kernels (:mod:`hpccomm.kernels.cuda`) against the CPU codecs, on numba's
+CUDA simulator.
+
+``NUMBA_ENABLE_CUDASIM`` must be set before numba is imported, so each check
+below runs in a fresh interpreter with ``NUMBA_ENABLE_CUDASIM=1``; a plain
+``pytest tests`` runs them (and skips them when numba-cuda is missing).  The
+simulator runs kernels as Python threads, about 200 ms per 10k elements:
+inputs stay small.  The checks demand the very bytes of the CPU packets.
+"""
+import functools
+import os
+import subprocess
+import sys
+import warnings
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SIZES = [0, 1, 7, 33, 203]
+
+
+ENV = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
+
+
+@functools.lru_cache(maxsize=None)
+def _simulator_missing():
+    """Why the simulator cannot run here, or '' when it can."""
+    probe = subprocess.run([sys.executable, "-c", "from numba import cuda; cuda.to_device"],
+                           env=ENV, capture_output=True, text=True, timeout=120)
+    return "" if probe.returncode == 0 else probe.stderr.strip()[-200:]
+
+
+def _run(check):
+    if _simulator_missing():
+        pytest.skip(f"numba.cuda simulator unavailable: {_simulator_missing()}")
+    proc = subprocess.run([sys.executable, "-c", f"from tests.test_cuda_sim import {check}; "
+                           f"{check}()"], cwd=ROOT, env=ENV, capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def _setup():
+    from numba import config
+
+    assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
+    # the simulator runs the uint64 hash on numpy scalars, which warn on wraparound
+    warnings.simplefilter("ignore", RuntimeWarning)
+    from hpccomm.kernels import cuda as gpu
+
+    return gpu
+
+
+def _data(n, seed):
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    if n > 6:
+        x[5], x[6] = 0.0, -0.0
+    return x
+
+
+# ---------------------------------------------------------------------------
+# checks (run inside the simulator subprocess)
+# ---------------------------------------------------------------------------
+def check_onebit():
+    gpu = _setup()
+    import hpccomm
+
+    for n in SIZES:
+        x = _data(n, n)
+        for col_len in (1, 5, 32, 37, 1000):
+            codec = hpccomm.get_codec("onebit", col_len=col_len)
+            packet = codec.encode(x)
+            H = min(col_len, max(n, 1))
+            C = -(-n // H)
+            means = gpu.onebit_means(x, H).copy_to_host()
+            words = gpu.onebit_pack(x).copy_to_host()
+            assert np.array_equal(means.view(np.uint8), packet[16:16 + 8 * C]), (n, col_len)
+            assert np.array_equal(words.view(np.uint8), packet[16 + 8 * C:]), (n, col_len)
+            expect = codec.decode(packet, np.empty(n, np.float32))
+            assert np.array_equal(gpu.onebit_unpack(words, means, H, n).copy_to_host(), expect)
+            base = np.arange(n, dtype=np.float32)
+            added = gpu.onebit_unpack(words, means, H, n, out=base, add=True).copy_to_host()
+            assert np.array_equal(added, base + expect)
+
+
+def check_terngrad():
+    gpu = _setup()
+    import hpccomm
+    from hpccomm.codecs.base import EncodeContext
+
+    for clip in (2.5, None):
+        codec = hpccomm.get_codec("terngrad", clip=clip)
+        for n in SIZES:
+            x = _data(n, 100 + n)
+            ctx = EncodeContext(seed=5, rank=2, step=9, offset=13)
+            packet = codec.encode(x, ctx)
+            s = codec.scale(x)
+            key = codec._key(ctx)
+            packed = gpu.tern_pack(x, key, ctx.offset, s, s).copy_to_host()
+            assert np.array_equal(packed, packet[20:]), (clip, n)
+            decoded = gpu.codes_decode(packed, 2, max(n, 1), 1, np.array([s], np.float32), n)
+            assert np.array_equal(decoded.copy_to_host(),
+                                  codec.decode(packet, np.empty(n, np.float32)))
+
+
+def check_qsgd():
+    gpu = _setup()
+    import hpccomm
+    from hpccomm.codecs.base import EncodeContext
+
+    for bits in (2, 4, 8):
+        for bucket, norm in ((7, "l2"), (64, "max"), (512, "l2")):
+            codec = hpccomm.get_codec("qsgd", bits=bits, bucket=bucket, norm=norm)
+            for n in SIZES:
+                x = _data(n, 200 + n)
+                ctx = EncodeContext(seed=6, rank=1, step=3, offset=21)
+                packet = codec.encode(x, ctx)
+                d = min(bucket, max(n, 1))
+                nb = -(-n // d)
+                scales = gpu.qsgd_scales(x, d, norm == "max").copy_to_host()
+                assert np.array_equal(scales.view(np.uint8), packet[16:16 + 4 * nb])
+                packed = gpu.qsgd_pack(x, scales, d, bits, codec._key(ctx), ctx.offset)
+                assert np.array_equal(packed.copy_to_host(), packet[16 + 4 * nb:]), (bits, n)
+                decoded = gpu.codes_decode(packed, bits, d, codec.levels, scales, n)
+                assert np.array_equal(decoded.copy_to_host(),
+                                      codec.decode(packet, np.empty(n, np.float32)))
+
+
+def check_device_arrays_in_and_out():
+    gpu = _setup()
+    from numba import cuda
+
+    x = cuda.to_device(_data(100, 7))
+    words = gpu.onebit_pack(x)
+    means = gpu.onebit_means(x, 10)
+    out = cuda.device_array(100, dtype=np.float32)
+    assert gpu.onebit_unpack(words, means, 10, 100, out=out) is out
+    host = out.copy_to_host()
+    assert np.all((host >= 0) == (x.copy_to_host() >= 0))
+
+
+# ---------------------------------------------------------------------------
+# tests (run the checks)
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("check", ["check_onebit", "check_terngrad", "check_qsgd",
+                                   "check_device_arrays_in_and_out"])
+def test_gpu_kernels_match_cpu_bytes(check):
+    _run(check)
