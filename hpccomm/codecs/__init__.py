@@ -5,8 +5,8 @@ from .base import (HEADER_SIZE, Codec, EncodeContext, available_codecs, get_code
                    register_codec)
 
 # Each module registers its codec(s) on import.
-_QUANTIZERS = ("none",)
-_SPARSIFIERS = ()
+_QUANTIZERS = ("none", "fp16", "bf16", "onebit", "terngrad", "qsgd")
+_SPARSIFIERS = ("threshold", "adaptive", "topk", "randk", "dgc")
 
 for _name in _QUANTIZERS + _SPARSIFIERS:
     importlib.import_module(f"{__name__}.{_name}")

@@ -158,6 +158,13 @@ class Codec:
         x = self._check_input(x)
         return self._encode(x, ctx)
 
+    def reencode(self, x: np.ndarray, ctx: EncodeContext = EncodeContext()) -> np.ndarray:
+        """Encode ``x`` that is a sum of this codec's decoded packets of the same
+        ``ctx.step`` and ``ctx.offset`` (the owner stage of ``twoshot``).  The
+        default is :meth:`encode`; a codec whose decoded sums it can send
+        exactly (``randk``: zero off the shared indices) overrides it."""
+        return self.encode(x, ctx)
+
     def decode(self, packet: np.ndarray, out: np.ndarray) -> np.ndarray:
         """Overwrite ``out`` (float32, length n) with the decoded values."""
         header = self.check_packet(packet, out)
@@ -188,6 +195,12 @@ class Codec:
         if size is None:
             raise NotImplementedError
         return size
+
+    def _packet_size(self, packet: np.ndarray, header) -> int:
+        """Exact total size of ``packet``; by default :meth:`_payload_size`.
+        Codecs whose size also depends on fields after the common header
+        override this (and raise PacketError when those bytes are missing)."""
+        return self._payload_size(header)
 
     # -- helpers for subclasses ---------------------------------------------
     def _check_input(self, x: np.ndarray) -> np.ndarray:
@@ -238,7 +251,7 @@ class Codec:
         n = int(header["n"])
         if n != out.size:
             raise PacketError(f"{self.name}: packet holds {n} elements, target has {out.size}")
-        expected = self._payload_size(header)
+        expected = self._packet_size(packet, header)
         if packet.size != expected:
             raise PacketError(f"{self.name}: packet is {packet.size} bytes, its header implies "
                               f"{expected}")

@@ -14,7 +14,7 @@ compressed allreduce and CGX:
 4. The owner of chunk ``r`` decodes and sums the ``P`` packets **in rank
    order** (its own included, decoded from its packet: the self chunk is
    quantized too), adds its owner residual ``w = acc + e_o``, re-encodes
-   (as virtual rank ``P + r``, so its random stream differs from its worker
+   with :meth:`Codec.reencode` (as virtual rank ``P + r``, so its random stream differs from its worker
    encode) and keeps ``e_o = w - decode(packet)``.
 5. One ``MPI_Allgatherv`` of the owner packets; every rank, the owner
    included, decodes all chunks from those bytes -- so every rank ends with
@@ -65,7 +65,7 @@ class TwoShot(Algorithm):
                     codec.decode(packets[j], decoded_own[bounds[j]:bounds[j + 1]])
         w = fb.compensate(state, "owner", acc)
         with call.time("encode"):
-            owner_packet = codec.encode(w, ctx.encode_context(P + r, lo))
+            owner_packet = codec.reencode(w, ctx.encode_context(P + r, lo))
         gathered = allgatherv_bytes(comm, owner_packet, call, fixed)
         with call.time("decode"):
             for j in range(P):

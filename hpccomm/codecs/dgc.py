@@ -1,0 +1,100 @@
+"""``dgc``: top-k with Deep Gradient Compression's threshold estimation
+(Lin et al., ICLR 2018; official code ``synxlin/deep-gradient-compression``,
+``dgc/compression.py``).
+
+Parameters: ``ratio`` (default 0.001, DGC's ``compress_ratio``),
+``sample_ratio`` (default 0.01) and ``max_iters`` (default 10, DGC's
+``max_adaptation_iters``).  ``k = max(1, ceil(ratio * n))`` as in
+:mod:`~hpccomm.codecs.topk`.
+
+Selection (:func:`dgc_select`; zeros are never sent):
+
+1. Sample ``s = min(n, max(ceil(sample_ratio * n), ceil(2 / ratio)))``
+   magnitudes -- 1 % of the vector by default, and at least enough for two
+   expected hits -- strided (``stride = n // s``) from a start drawn with the
+   counter RNG (``hash_index(stream_key(seed, rank, step, SALT), offset)``).
+   ``thr`` = the ``ceil(s * ratio)``-th largest sample (DGC: the minimum of
+   the sample's top-k).
+2. Count ``c = #{i : |x_i| >= thr, x_i != 0}``; then, at most ``max_iters``
+   times: if ``c < 0.8 k`` lower the threshold, ``thr *= 0.8``, and count
+   again; otherwise stop (DGC stops as well for ``c > 1.3 k`` and for
+   ``0.8 k <= c <= 1.3 k``; step 3 trims either case).  A zero threshold
+   already selects every non-zero and ends the loop.
+3. Select at the final ``thr``; if more than ``k`` entries pass, keep the
+   ``k`` largest magnitudes, ties to lower indices (DGC's "hierarchical
+   top-k"; DGC itself truncates to the first ``k`` indices, we keep the
+   largest).
+
+So ``m <= k`` entries go out, typically ``0.8 k <= m <= k``.  The wire layout
+is :mod:`~hpccomm.codecs.topk`'s (version 1: header with ``extra = m``, then
+``m`` int32/int64 indices, then ``m`` float32 values; ``16 + (b + 4) m``
+bytes, ``b = 4`` below ``2**31`` elements) under codec id 10.
+
+DGC's optimizer-side parts -- momentum correction, momentum factor masking,
+local gradient clipping and the sparsity warm-up -- are not codec work: see
+:class:`hpccomm.dgc.DGCMomentum`.
+"""
+import math
+
+import numpy as np
+
+from ..kernels import sparse as K
+from ..kernels.rng import stream_key
+from ._sparse import check_fraction, index_dtype
+from .base import EncodeContext, register_codec
+from .topk import PairCodec, top_count
+
+SALT = 0x00646763  # "dgc"
+#: DGC's compress_lower_bound and threshold decay.  (Its compress_upper_bound,
+#: 1.3, only decides between trimming now and trimming later: above it DGC
+#: stops adapting, and so do we as soon as enough entries pass.)
+LOWER = 0.8
+DECAY = np.float32(0.8)
+
+
+def dgc_sample_size(n: int, ratio: float, sample_ratio: float) -> int:
+    return min(n, max(math.ceil(sample_ratio * n), math.ceil(2.0 / ratio)))
+
+
+def dgc_select(x: np.ndarray, k: int, ratio: float, sample_ratio: float, max_iters: int,
+               ctx: EncodeContext):
+    """DGC's selection of at most ``k`` entries of ``x`` (steps 1-3 above):
+    ``(idx, vals)`` sorted by index."""
+    n = x.size
+    idt = index_dtype(n)
+    if k == 0:
+        return np.empty(0, idt), np.empty(0, np.float32)
+    s = dgc_sample_size(n, ratio, sample_ratio)
+    key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
+    sample = K.strided_sample_abs(x, s, key, ctx.offset)
+    thr = K.kth_largest(sample, min(s, max(1, math.ceil(s * ratio))))
+    count = K.count_abs_ge(x, thr)
+    for _ in range(max_iters):
+        if count >= LOWER * k or thr == 0:  # enough (too many: trimmed below)
+            break
+        thr = np.float32(thr * DECAY)
+        count = K.count_abs_ge(x, thr)
+    idx, vals = K.select_abs_ge(x, thr, idt)
+    return K.keep_largest(idx, vals, k)
+
+
+@register_codec
+class DGC(PairCodec):
+    name = "dgc"
+    codec_id = 10
+
+    def __init__(self, ratio: float = 0.001, sample_ratio: float = 0.01, max_iters: int = 10,
+                 nonfinite: str = "raise"):
+        super().__init__(ratio, nonfinite=nonfinite)
+        self.sample_ratio = check_fraction("sample_ratio", sample_ratio)
+        if int(max_iters) != max_iters or max_iters < 0:
+            raise ValueError(f"max_iters must be an integer >= 0, not {max_iters!r}")
+        self.max_iters = int(max_iters)
+
+    def params(self):
+        return {"ratio": self.ratio, "sample_ratio": self.sample_ratio,
+                "max_iters": self.max_iters}
+
+    def _pairs(self, x, ctx):
+        return dgc_select(x, top_count(self.ratio, x.size), self.ratio, self.sample_ratio,
+                          self.max_iters, ctx)

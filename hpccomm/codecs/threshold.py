@@ -1,0 +1,188 @@
+"""``threshold``: Strom's threshold quantization (Interspeech 2015).
+
+Parameters: at most one of ``tau`` (a fixed threshold, a normal float32) or ``alpha``
+(``tau = alpha * RMS(x)`` of the vector being encoded, RMS summed in float64
+in a fixed order; the value goes into the packet, so decoding needs no
+parameter) -- neither means ``alpha = 2.5`` (about 1.2 % of a Gaussian
+vector's entries pass, ~0.4 bits per element) -- and ``max_ratio`` (default 0.25).
+
+Each call emits at most one quantum per element: ``+tau`` at every ``i`` with
+``x_i >= tau``, ``-tau`` where ``x_i <= -tau`` (LBANN's ``>=`` / ``<=``).
+Error feedback (on by default: the codec is biased) keeps ``x_i -+ tau`` in
+the residual, so a large element drains one ``tau`` per step -- Strom's rate
+limit.  With ``alpha``, an input whose RMS is 0 (all zeros) emits nothing,
+and so does one whose ``tau`` would overflow float32.
+
+Capacity: at most ``cap = min(ceil(max_ratio * n), 2**32 - 1)`` entries per
+packet.  When more elements qualify, the ``cap`` of largest ``|x_i|`` are sent
+(ties to lower indices) and the others simply are not: their whole value stays
+in the residual for the next step.  0.25 is where Strom's 32-bit words stop
+being smaller than a dense 8-bit code (see the summable form).
+
+Wire layout (version 1), little-endian::
+
+    offset  size   field
+    0       16     common header; extra = m (entries), n
+    16      4      float32 tau (finite, > 0; 0 when m = 0)
+    20      4      uint32 0 (padding: words start 8-byte aligned)
+    24      w m    words (index << 1) | s, s = 1 for +tau and 0 for -tau, in
+                   strictly increasing index order: uint32 (w = 4) when
+                   n < 2**31, uint64 (w = 8) otherwise
+
+Size ``24 + w m`` bytes: ``32 m / n`` bits per element plus ``192 / n``
+(Strom's ``32 rho``).  ``max_wire_size(n) = 24 + w cap``.  Decoders reject
+``m > cap``, a non-finite or negative ``tau``, non-zero padding, and words
+whose indices are not strictly increasing inside ``[0, n)``.
+
+Summable form (``tau`` given, so every rank shares it): ``shared_scale`` is
+None, ``to_summable`` the dense int8 codes ``{-1, 0, +1}`` (no cap: the dense
+vector has a fixed size), ``summable_dtype(P)`` int8 up to 127 ranks, int16 up
+to 32767, int32 beyond, and ``from_summable`` gives ``tau * total`` -- 8 bits
+per element, better than the words above a density of 1/4.
+"""
+import math
+from typing import Optional
+
+import numpy as np
+
+from ..errors import PacketError
+from ..kernels import sparse as K
+from ._sparse import (COUNT_MAX, WIDE_N, SparseCodec, check_count, check_fraction,
+                      fraction_count, index_dtype, payload_view)
+from .base import HEADER_SIZE, register_codec
+
+#: bytes before the words: header, tau, padding
+PREFIX = HEADER_SIZE + 8
+#: ``alpha`` when neither ``tau`` nor ``alpha`` is given
+DEFAULT_ALPHA = 2.5
+F32_TINY = float(np.finfo(np.float32).tiny)
+F32_MAX = float(np.finfo(np.float32).max)
+
+
+def word_dtype(n: int) -> np.dtype:
+    return np.dtype(np.uint32) if n < WIDE_N else np.dtype(np.uint64)
+
+
+@register_codec
+class Threshold(SparseCodec):
+    name = "threshold"
+    codec_id = 6
+
+    def __init__(self, tau: Optional[float] = None, alpha: Optional[float] = None,
+                 max_ratio: float = 0.25, nonfinite: str = "raise"):
+        super().__init__(nonfinite=nonfinite)
+        if tau is not None and alpha is not None:
+            raise ValueError("threshold: pass at most one of tau (a fixed threshold) or alpha "
+                             "(tau = alpha * RMS of the input)")
+        if tau is None and alpha is None:
+            alpha = DEFAULT_ALPHA
+        for what, value in (("tau", tau), ("alpha", alpha)):
+            if value is not None and not (np.isfinite(value) and value > 0):
+                raise ValueError(f"threshold: {what} must be finite and > 0, not {value!r}")
+        if tau is not None and not F32_TINY <= tau <= F32_MAX:
+            raise ValueError(f"threshold: tau {tau!r} is outside float32's normal range")
+        self.tau = None if tau is None else float(tau)
+        self.alpha = None if alpha is None else float(alpha)
+        self.max_ratio = check_fraction("max_ratio", max_ratio)
+        #: the integer-code form needs one tau on every rank
+        self.summable = self.tau is not None
+
+    def params(self):
+        p = {"max_ratio": self.max_ratio}
+        if self.tau is not None:
+            p["tau"] = self.tau
+        else:
+            p["alpha"] = self.alpha
+        return p
+
+    # -- sizes ---------------------------------------------------------------
+    def max_count(self, n: int) -> int:
+        return min(fraction_count(self.max_ratio, n), COUNT_MAX)
+
+    def max_wire_size(self, n):
+        return PREFIX + word_dtype(n).itemsize * self.max_count(n)
+
+    def _payload_size(self, header):
+        n, m = int(header["n"]), int(header["extra"])
+        check_count(self, m, self.max_count(n), n)
+        return PREFIX + word_dtype(n).itemsize * m
+
+    # -- encode ----------------------------------------------------------------
+    def _threshold(self, x) -> np.float32:
+        if self.tau is not None:
+            return np.float32(self.tau)
+        if x.size == 0:
+            return np.float32(0)
+        tau = self.alpha * math.sqrt(K.sum_squares(x) / x.size)
+        return np.float32(tau) if tau <= F32_MAX else np.float32(np.inf)
+
+    def _select(self, x):
+        """``(tau, idx, vals)``: the elements that send a quantum, capped."""
+        tau = self._threshold(x)
+        idt = index_dtype(x.size)
+        if not (0 < tau < np.inf):  # alpha: all zeros, or beyond float32
+            return tau, np.empty(0, idt), np.empty(0, np.float32)
+        idx, vals = K.select_abs_ge(x, tau, idt)
+        idx, vals = K.keep_largest(idx, vals, self.max_count(x.size))
+        return tau, idx, vals
+
+    def _pairs(self, x, ctx):
+        tau, idx, vals = self._select(x)
+        return idx, np.where(vals > 0, tau, -tau).astype(np.float32)
+
+    def _encode(self, x, ctx):
+        n = x.size
+        tau, idx, vals = self._select(x)
+        m = idx.size
+        packet = self.new_packet(PREFIX + word_dtype(n).itemsize * m, n, extra=m)
+        packet[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0] = tau if m else 0
+        K.pack_sign_words(idx, vals, packet[PREFIX:].view(word_dtype(n)))
+        return packet
+
+    # -- decode ----------------------------------------------------------------
+    def _decode_into(self, packet, header, out, add):
+        n, m = int(header["n"]), int(header["extra"])
+        tau = payload_view(packet, HEADER_SIZE, np.float32, 1)[0]
+        pad = payload_view(packet, HEADER_SIZE + 4, np.uint32, 1)[0]
+        if not (np.isfinite(tau) and tau >= 0) or pad != 0:
+            raise PacketError(f"{self.name}: bad tau {tau!r} or padding {int(pad)}")
+        words = payload_view(packet, PREFIX, word_dtype(n), m)
+        if not K.sign_words_valid(words, n):
+            raise PacketError(f"{self.name}: word indices are not strictly increasing "
+                              f"inside [0, {n})")
+        if not add:
+            out[:] = 0
+        K.scatter_sign_words(words, tau, out, add)
+
+    # -- summable form (tau given) -----------------------------------------------
+    def _check_summable(self):
+        if not self.summable:
+            raise ValueError("threshold: the summable form needs a fixed tau shared by all "
+                             "ranks (construct with tau=..., not alpha=...)")
+
+    def shared_scale(self, x):
+        self._check_summable()
+        return None
+
+    def to_summable(self, x, scale, ctx):
+        self._check_summable()
+        x = self._check_input(x)
+        tau = np.float32(self.tau)
+        return ((x >= tau).astype(np.int8) - (x <= -tau).astype(np.int8))
+
+    def summable_dtype(self, nranks):
+        self._check_summable()
+        if nranks <= 127:
+            return np.dtype(np.int8)
+        if nranks <= 32767:
+            return np.dtype(np.int16)
+        return np.dtype(np.int32)
+
+    def from_summable(self, total, scale, out, add=False):
+        self._check_summable()
+        values = np.float32(self.tau) * total.astype(np.float32)
+        if add:
+            out += values
+        else:
+            out[...] = values
+        return out

@@ -1,0 +1,175 @@
+"""``topk``: keep the ``k`` largest magnitudes (Aji & Heafield, EMNLP 2017).
+
+Parameters: ``ratio`` (default 0.01) and ``exact`` (default False).  A vector
+of ``n > 0`` elements keeps ``k = max(1, ceil(ratio * n))`` entries
+(:func:`~hpccomm.codecs._sparse.fraction_count`; at most ``2**32 - 1``, the
+largest count the header holds).  The rest is dropped: the codec is biased,
+error feedback keeps the dropped part in the residual (on by default).
+
+Selection (zeros are never sent, so fewer than ``k`` entries go out when
+``x`` has fewer than ``k`` non-zeros):
+
+1. Threshold from a strided sample: ``s = min(n, max(4096, ceil(256 / ratio)))``
+   magnitudes at ``start + j * (n // s)``, ``j < s``, the start drawn with the
+   counter RNG (``hash_index(stream_key(seed, rank, step, SALT), offset)``;
+   a random offset, because fixed strides are biased on structured tensors).
+   ``t`` is the ``r``-th largest sample with ``r = min(s, ceil(1.25 * ratio * s))``:
+   a 25 % margin, so that with 256 expected sampled hits at least ``k``
+   elements pass with near certainty.  When ``s == n`` (short vectors) the
+   sample is the vector and ``t`` is the exact ``k``-th largest magnitude;
+   when ``k == n``, ``t = 0``.
+2. Candidates: every ``i`` with ``|x_i| >= t`` and ``x_i != 0``, in index order.
+3. More than ``k`` candidates: keep the ``k`` largest magnitudes, ties at the
+   cut going to the lower index.  Whenever at least ``k`` elements pass ``t``
+   this *is* the exact top-k (every element of the top-k clears ``t``).
+4. Fewer than ``k`` candidates although ``t > 0`` (the sample overshot):
+   ``exact=False`` accepts them as they are (Aji & Heafield's behaviour);
+   ``exact=True`` recomputes ``t`` as the exact ``k``-th largest magnitude of
+   the whole vector (``np.partition``, one more O(n) pass) and selects again.
+
+So the packet holds ``m <= k`` entries; with ``exact=True`` exactly
+``min(k, nnz(x))``, the top-k with ties broken towards lower indices.
+
+Wire layout (version 1), little-endian, two arrays as in Marian's
+SparseTensor and DGC::
+
+    offset          size   field
+    0               16     common header; extra = m (entries), n
+    16              b m    indices, strictly increasing: int32 (b = 4) when
+                           n < 2**31, int64 (b = 8) otherwise
+    16 + b m        4 m    float32 values, in the same order
+
+Size ``16 + (b + 4) m`` bytes: ``64 m / n`` bits per element plus ``128 / n``
+(0.64 + 128/n at ratio 0.01).  ``max_wire_size(n) = 16 + (b + 4) k``.
+Decoders reject ``m > k``, and indices that are not strictly increasing
+inside ``[0, n)``, before anything is written.
+
+:mod:`hpccomm.codecs.dgc` reuses this layout (:func:`pack_pairs`,
+:func:`unpack_pairs`) under its own codec id.
+"""
+import math
+
+import numpy as np
+
+from ..errors import PacketError
+from ..kernels import sparse as K
+from ..kernels.rng import stream_key
+from ._sparse import (COUNT_MAX, SparseCodec, check_count, check_fraction, fraction_count,
+                      index_dtype, payload_view)
+from .base import HEADER_SIZE, register_codec
+
+SALT = 0x746F706B  # "topk"
+#: sample size: at least this many ...
+MIN_SAMPLES = 4096
+#: ... and enough for this many expected hits at the sample's threshold
+SAMPLED_HITS = 256
+#: the sampled threshold aims at MARGIN * k candidates
+MARGIN = 1.25
+
+
+def pairs_size(n: int, m: int) -> int:
+    """Bytes of a pair packet with ``m`` entries for ``n`` elements."""
+    return HEADER_SIZE + m * (index_dtype(n).itemsize + 4)
+
+
+def pack_pairs(codec, n: int, idx: np.ndarray, vals: np.ndarray) -> np.ndarray:
+    """A pair packet (layout above) from sorted ``idx`` / float32 ``vals``."""
+    m = idx.size
+    idt = index_dtype(n)
+    packet = codec.new_packet(pairs_size(n, m), n, extra=m)
+    cut = HEADER_SIZE + m * idt.itemsize
+    packet[HEADER_SIZE:cut].view(idt)[:] = idx
+    packet[cut:].view(np.float32)[:] = vals
+    return packet
+
+
+def unpack_pairs(codec, packet: np.ndarray, header):
+    """``(idx, vals)`` of a size-checked pair packet, indices validated."""
+    n, m = int(header["n"]), int(header["extra"])
+    idt = index_dtype(n)
+    idx = payload_view(packet, HEADER_SIZE, idt, m)
+    vals = payload_view(packet, HEADER_SIZE + m * idt.itemsize, np.float32, m)
+    if not K.indices_valid(idx, n):
+        raise PacketError(f"{codec.name}: indices are not strictly increasing inside [0, {n})")
+    return idx, vals
+
+
+def decode_pairs(codec, packet: np.ndarray, header, out: np.ndarray, add: bool) -> None:
+    idx, vals = unpack_pairs(codec, packet, header)
+    if not add:
+        out[:] = 0
+    K.scatter(out, idx, vals, add)
+
+
+def top_count(ratio: float, n: int) -> int:
+    """``k = max(1, ceil(ratio n))`` (at most ``n`` and ``2**32 - 1``); 0 for ``n = 0``."""
+    if n == 0:
+        return 0
+    return min(n, max(1, fraction_count(ratio, n)), COUNT_MAX)
+
+
+class PairCodec(SparseCodec):
+    """Common part of ``topk`` and ``dgc``: a ``ratio`` and the pair layout."""
+
+    #: the sample's start is random
+    stochastic = True
+
+    def __init__(self, ratio: float, nonfinite: str = "raise"):
+        super().__init__(nonfinite=nonfinite)
+        self.ratio = check_fraction("ratio", ratio)
+
+    def max_count(self, n: int) -> int:
+        return top_count(self.ratio, n)
+
+    def max_wire_size(self, n):
+        return pairs_size(n, self.max_count(n))
+
+    def _payload_size(self, header):
+        n, m = int(header["n"]), int(header["extra"])
+        check_count(self, m, self.max_count(n), n)
+        return pairs_size(n, m)
+
+    def _encode(self, x, ctx):
+        idx, vals = self._pairs(x, ctx)
+        return pack_pairs(self, x.size, idx, vals)
+
+    def _decode_into(self, packet, header, out, add):
+        decode_pairs(self, packet, header, out, add)
+
+
+@register_codec
+class TopK(PairCodec):
+    name = "topk"
+    codec_id = 8
+
+    def __init__(self, ratio: float = 0.01, exact: bool = False, nonfinite: str = "raise"):
+        super().__init__(ratio, nonfinite=nonfinite)
+        self.exact = bool(exact)
+
+    def params(self):
+        return {"ratio": self.ratio, "exact": self.exact}
+
+    def sample_size(self, n: int) -> int:
+        """Strided samples taken for a vector of ``n`` elements."""
+        return min(n, max(MIN_SAMPLES, math.ceil(SAMPLED_HITS / self.ratio)))
+
+    def _pairs(self, x, ctx):
+        n = x.size
+        k = self.max_count(n)
+        idt = index_dtype(n)
+        if k == 0:
+            return np.empty(0, idt), np.empty(0, np.float32)
+        if k == n:
+            t = 0.0
+        else:
+            s = self.sample_size(n)
+            if s == n:
+                t = K.kth_largest(np.abs(x), k)
+            else:
+                key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
+                sample = K.strided_sample_abs(x, s, key, ctx.offset)
+                t = K.kth_largest(sample, min(s, math.ceil(MARGIN * self.ratio * s)))
+        idx, vals = K.select_abs_ge(x, t, idt)
+        if self.exact and vals.size < k and t > 0:
+            idx, vals = K.select_abs_ge(x, K.kth_largest(np.abs(x), k), idt)
+        return K.keep_largest(idx, vals, k)

@@ -1,0 +1,595 @@
+"""CPU kernels of the sparsifying codecs: threshold, adaptive, topk, randk, dgc.
+
+Plain numba ``@njit(cache=True)`` functions on flat, contiguous arrays.  They
+do **no bounds checks**: the codecs validate every header field and size in
+Python, and every index array a decoder scatters goes through a validating
+kernel here (which returns a flag, so Python can raise
+:class:`~hpccomm.errors.PacketError`) before any write happens.
+
+Selection convention shared by all sparsifiers: an element is a candidate at
+magnitude threshold ``t`` when ``|x_i| >= t`` **and** ``x_i != 0`` -- zeros
+are never sent, whatever ``t`` is, and NaN never compares true, so it is never
+selected.
+
+Threads: the O(n) passes over the input (:func:`count_abs_ge`,
+:func:`compact_abs_ge`, :func:`sum_squares`) cut ``[0, n)`` into fixed blocks
+of :data:`BLOCK` elements and run blocks in parallel (``prange``); every
+block's result lands in its own slot and slots are combined in block order, so
+the output bits depend on neither the thread count nor the schedule.  The
+per-column kernels of ``adaptive`` run fixed groups of columns in parallel,
+for the same reason.  Everything else is sequential.
+
+Random numbers: every draw comes from :mod:`hpccomm.kernels.rng`, with the
+counters documented at each kernel.
+"""
+import numpy as np
+from numba import njit, prange
+
+from .rng import hash_index_cpu
+
+#: elements per block of the block-parallel passes (a multiple of 64)
+BLOCK = 1 << 16
+
+
+# ---------------------------------------------------------------------------
+# Threshold selection: count, compact
+# ---------------------------------------------------------------------------
+@njit(cache=True, parallel=True)
+def count_abs_ge_blocks(x, t):
+    """Per block of :data:`BLOCK` elements, the number of candidates
+    ``|x_i| >= t and x_i != 0`` (int64 array of ``ceil(n / BLOCK)``)."""
+    n = x.size
+    nb = (n + BLOCK - 1) // BLOCK
+    counts = np.zeros(nb, dtype=np.int64)
+    for b in prange(nb):
+        # loops over a slice from 0: numba then knows indices are >= 0 and
+        # the loop vectorizes (``range(lo, hi)`` on ``x`` does not)
+        xb = x[b * BLOCK:min((b + 1) * BLOCK, n)]
+        c = 0
+        for i in range(xb.size):
+            v = xb[i]
+            c += (abs(v) >= t) & (v != 0)
+        counts[b] = c
+    return counts
+
+
+@njit(cache=True)
+def count_abs_ge(x, t):
+    """Number of candidates ``|x_i| >= t and x_i != 0``."""
+    return count_abs_ge_blocks(x, t).sum()
+
+
+@njit(cache=True, parallel=True)
+def compact_abs_ge(x, t, counts, starts, idx, vals):
+    """Write the candidates of block ``b`` (``counts[b]`` of them, see
+    :func:`count_abs_ge_blocks`) to ``idx[starts[b]:]`` / ``vals[starts[b]:]``
+    in index order; ``starts`` is the exclusive prefix sum of ``counts``.
+
+    Sparse blocks branch per element (the branch is almost never taken);
+    blocks denser than 1/16 write every element to a scratch buffer and
+    advance by the predicate instead, which costs no mispredictions."""
+    n = x.size
+    nb = (n + BLOCK - 1) // BLOCK
+    for b in prange(nb):
+        lo = b * BLOCK
+        xb = x[lo:min(lo + BLOCK, n)]
+        k = starts[b]
+        if counts[b] * 16 > xb.size:
+            rows = np.empty(xb.size + 1, dtype=np.int64)
+            found = np.empty(xb.size + 1, dtype=np.float32)
+            c = 0
+            for i in range(xb.size):
+                v = xb[i]
+                rows[c] = i
+                found[c] = v
+                c += (abs(v) >= t) & (v != 0)
+            for j in range(c):
+                idx[k + j] = lo + rows[j]
+                vals[k + j] = found[j]
+        else:
+            for i in range(xb.size):
+                v = xb[i]
+                if abs(v) >= t and v != 0:
+                    idx[k] = lo + i
+                    vals[k] = v
+                    k += 1
+
+
+def select_abs_ge(x, t, index_dtype):
+    """``(idx, vals)``: every ``i`` with ``|x_i| >= t and x_i != 0``, ascending,
+    indices as ``index_dtype``, values float32."""
+    t = np.float32(t)
+    counts = count_abs_ge_blocks(x, t)
+    starts = np.zeros(counts.size, dtype=np.int64)
+    np.cumsum(counts[:-1], out=starts[1:])
+    m = int(counts.sum())
+    idx = np.empty(m, dtype=index_dtype)
+    vals = np.empty(m, dtype=np.float32)
+    if m:
+        compact_abs_ge(x, t, counts, starts, idx, vals)
+    return idx, vals
+
+
+def keep_largest(idx, vals, k):
+    """The ``k`` entries of largest ``|vals|`` among ``(idx, vals)`` (sorted by
+    index), ties at the cut going to the lower indices; the result stays
+    sorted by index.  Returns the inputs themselves when ``k >= len``."""
+    m = vals.size
+    if k >= m:
+        return idx, vals
+    if k <= 0:
+        return idx[:0], vals[:0]
+    mags = np.abs(vals)
+    cut = np.partition(mags, m - k)[m - k]          # the k-th largest magnitude
+    keep = mags > cut
+    ties = np.flatnonzero(mags == cut)[:k - int(np.count_nonzero(keep))]
+    keep[ties] = True
+    return idx[keep], vals[keep]
+
+
+# ---------------------------------------------------------------------------
+# Reductions and sampling
+# ---------------------------------------------------------------------------
+#: independent float64 accumulators per block in :func:`sum_squares`
+LANES = 8
+
+
+@njit(cache=True, parallel=True)
+def _block_sum_squares(x):
+    n = x.size
+    nb = (n + BLOCK - 1) // BLOCK
+    parts = np.zeros(nb, dtype=np.float64)
+    for b in prange(nb):
+        xb = x[b * BLOCK:min((b + 1) * BLOCK, n)]
+        acc = np.zeros(LANES, dtype=np.float64)
+        full = xb.size - xb.size % LANES
+        for i in range(0, full, LANES):
+            for lane in range(LANES):
+                v = np.float64(xb[i + lane])
+                acc[lane] += v * v
+        s = 0.0
+        for lane in range(LANES):
+            s += acc[lane]
+        for i in range(full, xb.size):
+            v = np.float64(xb[i])
+            s += v * v
+        parts[b] = s
+    return parts
+
+
+@njit(cache=True)
+def sum_squares(x):
+    """``sum(x_i^2)`` in float64 with a fixed summation order: within a block,
+    element ``i`` goes to accumulator ``i mod LANES``, the accumulators are
+    added in lane order, then the tail, then the blocks in order -- the same
+    bits for any thread count (and fast: independent accumulators pipeline)."""
+    parts = _block_sum_squares(x)
+    s = 0.0
+    for b in range(parts.size):
+        s += parts[b]
+    return s
+
+
+def strided_sample_abs(x, s, key, counter):
+    """``|x|`` at ``s`` evenly strided positions ``start + j * stride``
+    (``stride = n // s``, ``j < s``), the start drawn as
+    ``hash_index(key, counter) % stride``.  Requires ``1 <= s <= n``."""
+    stride = x.size // s
+    start = int(hash_index_cpu(key, np.uint64(counter)) % np.uint64(stride))
+    return np.abs(x[start:start + stride * (s - 1) + 1:stride])
+
+
+@njit(cache=True)
+def kth_largest(a, k):
+    """The ``k``-th largest value of ``a`` (``1 <= k <= a.size``; NaN counts
+    as the largest value)."""
+    return np.partition(a, a.size - k)[a.size - k]
+
+
+# ---------------------------------------------------------------------------
+# Index validation and scatter (decoders)
+# ---------------------------------------------------------------------------
+@njit(cache=True)
+def indices_valid(idx, n):
+    """True if ``idx`` is strictly increasing inside ``[0, n)``."""
+    prev = -1
+    for j in range(idx.size):
+        i = np.int64(idx[j])
+        if i <= prev or i >= n:
+            return False
+        prev = i
+    return True
+
+
+@njit(cache=True)
+def scatter(out, idx, vals, add):
+    """``out[idx] = vals`` (``add``: ``+=``); ``out`` is not cleared."""
+    if add:
+        for j in range(idx.size):
+            out[idx[j]] += vals[j]
+    else:
+        for j in range(idx.size):
+            out[idx[j]] = vals[j]
+
+
+# ---------------------------------------------------------------------------
+# Strom threshold words: (index << 1) | s, s = 1 for +tau
+# ---------------------------------------------------------------------------
+@njit(cache=True)
+def pack_sign_words(idx, vals, words):
+    """``words[j] = (idx[j] << 1) | (vals[j] > 0)`` (uint32 or uint64 words)."""
+    for j in range(idx.size):
+        w = np.uint64(idx[j]) << np.uint64(1)
+        if vals[j] > 0:
+            w |= np.uint64(1)
+        words[j] = w
+
+
+@njit(cache=True)
+def sign_words_valid(words, n):
+    """True if the indices ``words >> 1`` are strictly increasing inside ``[0, n)``."""
+    prev = -1
+    for j in range(words.size):
+        i = np.int64(np.uint64(words[j]) >> np.uint64(1))
+        if i <= prev or i >= n:
+            return False
+        prev = i
+    return True
+
+
+@njit(cache=True)
+def scatter_sign_words(words, tau, out, add):
+    """``out[w >> 1] (+)= +tau if w & 1 else -tau`` (validated words)."""
+    neg = -tau
+    for j in range(words.size):
+        w = np.uint64(words[j])
+        i = np.int64(w >> np.uint64(1))
+        v = tau if (w & np.uint64(1)) else neg
+        if add:
+            out[i] += v
+        else:
+            out[i] = v
+
+
+# ---------------------------------------------------------------------------
+# Random-k: Floyd's sampling of k distinct indices out of n
+# ---------------------------------------------------------------------------
+_DEBRUIJN = 0x03F79D71B4CB0A89
+#: bit position of a 64-bit word's lowest set bit ``b``, by ``(b * DEBRUIJN) >> 58``
+_DEBRUIJN_POS = np.zeros(64, dtype=np.int64)
+for _bit in range(64):
+    _DEBRUIJN_POS[(((1 << _bit) * _DEBRUIJN) & ((1 << 64) - 1)) >> 58] = _bit
+U64_DEBRUIJN = np.uint64(_DEBRUIJN)
+
+
+@njit(cache=True)
+def floyd_indices(key, n, out):
+    """Fill ``out`` with ``k = out.size`` distinct indices of ``[0, n)``,
+    ascending, uniform over all ``k``-subsets (R. W. Floyd's algorithm).
+    Draw ``j`` (for ``j = n - k .. n - 1``) is
+    ``t = hash_index(key, j) % (j + 1)``; ``j`` itself is taken when ``t``
+    already is.  A bitmap of ``n`` bits collects the set; scanning it yields
+    the indices sorted."""
+    k = out.size
+    words = np.zeros((n + 63) // 64, dtype=np.uint64)
+    one = np.uint64(1)
+    for j in range(n - k, n):
+        t = np.int64(hash_index_cpu(key, np.uint64(j)) % np.uint64(j + 1))
+        if (words[t >> 6] >> np.uint64(t & 63)) & one:
+            t = j
+        words[t >> 6] |= one << np.uint64(t & 63)
+    m = 0
+    s58 = np.uint64(58)
+    for w in range(words.size):
+        bits = words[w]
+        while bits:
+            low = bits & (~bits + one)
+            out[m] = w * 64 + _DEBRUIJN_POS[(low * U64_DEBRUIJN) >> s58]
+            m += 1
+            bits ^= low
+
+
+# ---------------------------------------------------------------------------
+# Adaptive (Dryden et al.): per-column thresholds, reconstruction means
+# ---------------------------------------------------------------------------
+@njit(cache=True)
+def adaptive_cap(h, pi, excess):
+    """Hard bound on the entries of one sign in a column of ``h`` rows:
+    ``min(h, excess * max(1, ceil(h / pi)))``."""
+    return min(h, excess * max(1, (h + pi - 1) // pi))
+
+
+@njit(cache=True, inline="always")
+def _scaled_index(z, h):
+    """``floor(z * h / 2**64)`` for 64-bit ``z`` and ``h < 2**32``: a uniform
+    index of ``[0, h)`` from 64 random bits (Lemire's multiply-shift, the
+    product split into 32-bit halves so it stays exact in uint64)."""
+    hh = np.uint64(h)
+    m32 = np.uint64(0xFFFFFFFF)
+    s32 = np.uint64(32)
+    return np.int64(((z >> s32) * hh + (((z & m32) * hh) >> s32)) >> s32)
+
+
+@njit(cache=True)
+def _kth_largest_inplace(a, m, k):
+    """The ``k``-th largest of ``a[:m]`` (``1 <= k <= m``), reordering
+    ``a[:m]``: Hoare's quickselect with a median-of-three pivot (no NaN)."""
+    target = m - k  # its position in ascending order
+    lo = 0
+    hi = m - 1
+    while lo < hi:
+        x0, x1, x2 = a[lo], a[(lo + hi) >> 1], a[hi]
+        p = max(min(x0, x1), min(max(x0, x1), x2))
+        i = lo
+        j = hi
+        while i <= j:
+            while a[i] < p:
+                i += 1
+            while a[j] > p:
+                j -= 1
+            if i <= j:
+                a[i], a[j] = a[j], a[i]
+                i += 1
+                j -= 1
+        if target <= j:
+            hi = j
+        elif target >= i:
+            lo = i
+        else:
+            break
+    return a[target]
+
+
+#: up to this many kept values per sign, thresholds come from insertion into
+#: a short sorted list (one predictable comparison per sample); beyond, from
+#: a quickselect
+SMALL_K = 64
+
+
+@njit(cache=True, inline="always")
+def _insert_desc(top, filled, k, v):
+    """Insert ``v`` into ``top[:filled]`` (descending), keeping at most ``k``
+    values; returns the new fill."""
+    j = min(filled, k - 1)
+    while j > 0 and top[j - 1] < v:
+        top[j] = top[j - 1]
+        j -= 1
+    top[j] = v
+    return min(filled + 1, k)
+
+
+@njit(cache=True)
+def _sample_thresholds(sample, pi, pos, neg):
+    """``(tau_pos, tau_neg)``: with the ``c`` positive values of ``sample``,
+    ``tau_pos`` is the ``max(1, floor(c / pi))``-th largest; ``tau_neg`` the
+    same over the negated negative values.  ``inf`` for a sign the sample
+    lacks (nothing of that sign is sent).  ``pos`` / ``neg`` are scratch of
+    ``sample.size + 1``."""
+    cp = 0
+    cn = 0
+    for j in range(sample.size):
+        v = sample[j]
+        cp += v > 0
+        cn += v < 0
+    kp = max(1, cp // pi)
+    kn = max(1, cn // pi)
+    tp = np.float32(np.inf)
+    tn = np.float32(np.inf)
+    if max(kp, kn) <= SMALL_K:
+        # bars start at 0 (only values of the right sign enter) and rise to
+        # the k-th largest once k values are in
+        fp = 0
+        fn = 0
+        bar_p = np.float32(0)
+        bar_n = np.float32(0)
+        for j in range(sample.size):
+            v = sample[j]
+            if v > bar_p:
+                fp = _insert_desc(pos, fp, kp, v)
+                if fp == kp:
+                    bar_p = pos[kp - 1]
+            elif -v > bar_n:
+                fn = _insert_desc(neg, fn, kn, -v)
+                if fn == kn:
+                    bar_n = neg[kn - 1]
+        if cp:
+            tp = pos[kp - 1]
+        if cn:
+            tn = neg[kn - 1]
+        return tp, tn
+    # many kept values: split branch-free (every value is written to both
+    # lists, the counters advance by the predicates), then quickselect
+    cp = 0
+    cn = 0
+    for j in range(sample.size):
+        v = sample[j]
+        pos[cp] = v
+        neg[cn] = -v
+        cp += v > 0
+        cn += v < 0
+    if cp:
+        tp = _kth_largest_inplace(pos, cp, kp)
+    if cn:
+        tn = _kth_largest_inplace(neg, cn, kn)
+    return tp, tn
+
+
+@njit(cache=True)
+def _trim_side(col, tau, cap, sign):
+    """The cut ``(t, q, total)`` that keeps the ``cap`` largest of the values
+    ``v = sign * col[i] >= tau`` (of which there are more than ``cap``): every
+    ``v > t`` plus the first ``q`` rows with ``v == t``; ``total`` is the
+    float64 sum of the kept ``col[i]``."""
+    sel = np.empty(col.size, dtype=np.float32)
+    m = 0
+    for i in range(col.size):
+        v = col[i] * sign
+        if v >= tau:
+            sel[m] = v
+            m += 1
+    above = sel[:m].copy()
+    t = _kth_largest_inplace(above, m, cap)
+    n_above = 0
+    for j in range(m):
+        n_above += sel[j] > t
+    q = cap - n_above
+    total = 0.0
+    seen = 0
+    for i in range(col.size):
+        v = col[i] * sign
+        if v > t or (v == t and seen < q):
+            seen += v == t
+            total += np.float64(col[i])
+    return t, q, total
+
+
+@njit(cache=True, parallel=True)
+def adaptive_plan(x, H, pi, samples, excess, key, offset):
+    """Per column of ``H`` rows (the last one ragged): the cuts of both signs,
+    the entry count and the two reconstruction means.
+
+    Sampling: a column of ``h > samples`` rows draws ``samples`` rows with
+    replacement, draw ``j`` taking row ``floor(z h / 2**64)`` with
+    ``z = hash_index(key, offset + start + j)`` (``start`` = the column's first
+    element, so the counter is the global index of one of the column's own
+    elements and columns never share counters); shorter columns use all
+    their rows (exact selection).
+
+    A side's cut ``(t, q)`` keeps the values ``v > t`` plus the first ``q``
+    rows with ``v == t`` (``v = x`` for the positive side, ``-x`` for the
+    negative one).  Returns ``(t_pos, q_pos, t_neg, q_neg, counts, mu_pos,
+    mu_neg)``.  Columns go in fixed groups of about :data:`BLOCK` elements
+    (one scratch allocation per group), groups in parallel."""
+    n = x.size
+    W = (n + H - 1) // H
+    t_pos = np.empty(W, dtype=np.float32)
+    t_neg = np.empty(W, dtype=np.float32)
+    q_pos = np.empty(W, dtype=np.int64)
+    q_neg = np.empty(W, dtype=np.int64)
+    counts = np.empty(W, dtype=np.int64)
+    mu_pos = np.zeros(W, dtype=np.float32)
+    mu_neg = np.zeros(W, dtype=np.float32)
+    base = np.uint64(offset)
+    one = np.float32(1.0)
+    group = max(1, BLOCK // H)
+    for g in prange((W + group - 1) // group):
+        drawn = np.empty(min(samples, H), dtype=np.float32)
+        pos = np.empty(min(samples, H) + 1, dtype=np.float32)
+        neg = np.empty(min(samples, H) + 1, dtype=np.float32)
+        for c in range(g * group, min((g + 1) * group, W)):
+            lo = c * H
+            col = x[lo:min(lo + H, n)]
+            h = col.size
+            if h > samples:
+                for j in range(samples):
+                    z = hash_index_cpu(key, base + np.uint64(lo + j))
+                    drawn[j] = col[_scaled_index(z, h)]
+                sample = drawn
+            else:
+                sample = col
+            tp, tn = _sample_thresholds(sample, pi, pos, neg)
+            # one pass: the selections {x >= tp} and {x <= -tn}
+            neg_bar = -tn
+            cp = 0
+            cn = 0
+            sp = 0.0
+            sn = 0.0
+            for i in range(h):
+                v = col[i]
+                if v >= tp:
+                    cp += 1
+                    sp += np.float64(v)
+                elif v <= neg_bar:
+                    cn += 1
+                    sn += np.float64(v)
+            cap = adaptive_cap(h, pi, excess)
+            qp = cp  # keep every v >= tp: all ties included
+            qn = cn
+            if cp > cap:
+                tp, qp, sp = _trim_side(col, tp, cap, one)
+                cp = cap
+            if cn > cap:
+                tn, qn, sn = _trim_side(col, tn, cap, -one)
+                cn = cap
+            t_pos[c] = tp
+            q_pos[c] = qp
+            t_neg[c] = tn
+            q_neg[c] = qn
+            counts[c] = cp + cn
+            if cp:
+                mu_pos[c] = np.float32(sp / cp)
+            if cn:
+                mu_neg[c] = np.float32(sn / cn)
+    return t_pos, q_pos, t_neg, q_neg, counts, mu_pos, mu_neg
+
+
+@njit(cache=True, parallel=True)
+def adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
+    """Column ``c``'s words ``(row << 1) | s`` (``s`` = 1 positive) at
+    ``words[starts[c]:]``, rows ascending, following the cuts of
+    :func:`adaptive_plan`."""
+    n = x.size
+    for c in prange(t_pos.size):
+        col = x[c * H:min((c + 1) * H, n)]
+        tp, qp, tn, qn = t_pos[c], q_pos[c], t_neg[c], q_neg[c]
+        neg_bar = -tn
+        k = starts[c]
+        seen_p = 0
+        seen_n = 0
+        for i in range(col.size):
+            v = col[i]
+            if v >= tp:
+                if v > tp or seen_p < qp:
+                    seen_p += v == tp
+                    words[k] = np.uint32((i << 1) | 1)
+                    k += 1
+            elif v <= neg_bar:
+                if v < neg_bar or seen_n < qn:
+                    seen_n += v == neg_bar
+                    words[k] = np.uint32(i << 1)
+                    k += 1
+
+
+@njit(cache=True)
+def adaptive_valid(n, H, counts, words, pi, excess):
+    """True if every column's words hold strictly increasing rows inside the
+    column, at most :func:`adaptive_cap` entries of each sign, and the counts
+    add up to ``words.size``."""
+    W = counts.size
+    k = 0
+    for c in range(W):
+        h = min(H, n - c * H)
+        cap = adaptive_cap(h, pi, excess)
+        cnt = np.int64(counts[c])
+        if cnt > words.size - k:
+            return False
+        prev = -1
+        npos = 0
+        for j in range(k, k + cnt):
+            w = np.int64(words[j])
+            r = w >> 1
+            if r <= prev or r >= h:
+                return False
+            prev = r
+            npos += w & 1
+        if npos > cap or cnt - npos > cap:
+            return False
+        k += cnt
+    return k == words.size
+
+
+@njit(cache=True)
+def adaptive_scatter(n, H, counts, mu_pos, mu_neg, words, out, add):
+    """Decode validated words: ``out[c H + row] (+)= mu_pos[c] or mu_neg[c]``;
+    without ``add`` every element of ``out`` is written (zeros where nothing
+    was sent)."""
+    if not add:
+        out[:] = 0
+    k = 0
+    for c in range(counts.size):
+        lo = c * H
+        for j in range(k, k + np.int64(counts[c])):
+            w = np.int64(words[j])
+            v = mu_pos[c] if w & 1 else mu_neg[c]
+            out[lo + (w >> 1)] += v
+        k += np.int64(counts[c])
