@@ -32,7 +32,7 @@ setup(
     license="BSD-3-Clause",
     python_requires=">=3.9",
     packages=find_packages(include=["hpccomm", "hpccomm.*"]),
-    install_requires=["numpy>=1.23", "mpi4py>=3.1", "numba>=0.57"],
+    install_requires=["numpy>=1.23", "mpi4py>=3.1", "numba>=0.57", "threadpoolctl>=3.1"],
     extras_require={
         # MPI implementations from PyPI.  Install exactly one of them, or neither
         # when mpi4py is built against the cluster's own MPI (see README).

@@ -85,6 +85,9 @@ def main():
         return 2
     env = dict(os.environ)
     env.setdefault("NUMBA_NUM_THREADS", "1")   # ranks already share the cores
+    # idle OpenBLAS threads spin and steal the cores MPI ranks busy-poll on
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    env.setdefault("OMP_NUM_THREADS", "1")
     env["HPCCOMM_TEST_LOGDIR"] = LOGDIR
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     shutil.rmtree(LOGDIR, ignore_errors=True)

@@ -107,7 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated algorithms; every codec runs with every algorithm "
                         "that carries it (default: mpi)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="codec/algorithm option, e.g. --option ratio=0.01 (repeatable)")
+                   help="codec/algorithm option, repeatable: KEY=VALUE applies to every case "
+                        "whose codec or algorithm takes it (--option ratio=0.01), "
+                        "CODEC.KEY=VALUE or ALGORITHM.KEY=VALUE to that one only")
     p.add_argument("--error-feedback", choices=("auto", "on", "off"), default="auto",
                    help="error feedback for the compressed cases (default: the codec's default)")
     p.add_argument("--cols", type=int, default=1024,
@@ -149,6 +151,28 @@ def parse_options(items) -> dict:
             raise SystemExit(f"--option takes KEY=VALUE, not {item!r}")
         k, v = item.split("=", 1)
         out[k.strip()] = _option_value(v.strip())
+    return out
+
+
+def case_options(codec: str, algorithm: str, options: dict) -> dict:
+    """The options of one (codec, algorithm) case: ``KEY`` applies where the codec
+    or the algorithm takes it, ``CODEC.KEY`` / ``ALGORITHM.KEY`` to that one only."""
+    import inspect
+
+    from ..codecs.base import _CODECS
+    from ..collectives.base import get_algorithm_class
+
+    taken = set(inspect.signature(get_algorithm_class(algorithm).__init__).parameters)
+    if codec in _CODECS:
+        taken |= set(inspect.signature(_CODECS[codec].__init__).parameters)
+    taken -= {"self", "comm", "codec", "options"}
+    out = {}
+    for key, value in options.items():
+        scope, _, name = key.rpartition(".")
+        if scope and scope not in (codec, algorithm):
+            continue
+        if name in taken:
+            out[name] = value
     return out
 
 
@@ -374,15 +398,18 @@ def main(argv=None) -> int:
         for a in algorithms:
             if (c, a) in cases:
                 continue
-            try:
-                codec_obj = hpccomm.get_codec(c)
-                from ..collectives.base import get_algorithm_class
-
-                get_algorithm_class(a)(comm, codec_obj)
-            except (ValueError, TypeError) as exc:
+            # construction errors of an Allreducer wait for its first (collective) call;
+            # here every rank checks the same thing locally and skips alike
+            reducer = hpccomm.Allreducer(comm, codec=c, algorithm=a, **case_options(c, a, options))
+            exc = reducer._init_error
+            if exc is not None:
                 skipped.append(f"{c}+{a}: {exc}")
                 continue
             cases.append((c, a))
+    unused = [k for k in options
+              if not any(case_options(c, a, {k: None}) for c, a in cases[1:])]
+    if unused:
+        raise SystemExit(f"option(s) {', '.join(unused)} taken by none of the cases")
     sizes = sizes_from(*args.message_size, args.factor)
 
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
@@ -430,7 +457,8 @@ def main(argv=None) -> int:
             if algorithm == "MPI_Allreduce":
                 r = run_raw(comm, x, exact, iters, warmup)
             else:
-                r = run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef,
+                r = run_case(comm, codec, algorithm, x, exact, iters, warmup,
+                             case_options(codec, algorithm, options), ef,
                              args.seed, check=args.check)
             if baseline is None:
                 baseline = r["time_median"]

@@ -145,9 +145,17 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     fp_last = args.fp_last_layer == "on" or (args.fp_last_layer == "auto" and codec == "terngrad")
     use_dgc = args.dgc_momentum == "on" or (args.dgc_momentum == "auto" and codec == "dgc")
     options = dict(args.options)
+    transport = codec
+    dgc_ratio = None
     if use_dgc:
-        ef = False  # DGC's accumulation is the error feedback
-    reducer = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, op="mean",
+        # DGCMomentum selects (with DGC's sampled threshold, at the warm-up density);
+        # the reducer must then deliver exactly the selection: topk keeping every
+        # non-zero.  DGC's accumulation is the error feedback.
+        ef = False
+        dgc_ratio = float(options.pop("ratio", 0.001))
+        transport, options = "topk", {k: v for k, v in options.items() if k in args.alg_params}
+        options["ratio"] = 1.0
+    reducer = hpccomm.Allreducer(comm, codec=transport, algorithm=algorithm, op="mean",
                                  error_feedback=ef, seed=seed, **options)
     dense_reducer = hpccomm.Allreducer(comm, codec="none", algorithm="mpi", op="mean")
     buckets = GradientBuckets(shapes, reducer, dense_reducer=dense_reducer,
@@ -156,11 +164,14 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     dense_all = GradientBuckets(shapes, dense_reducer, dense_reducer=dense_reducer,
                                 bucket_bytes=args.bucket_bytes, min_compress=0,
                                 prefix="warmup")
+    compressed = [n for b in buckets.buckets if not b.dense for n in b.names]
     dgc = None
     if use_dgc:
         from hpccomm.dgc import DGCMomentum
 
-        dgc = DGCMomentum(shapes, momentum=args.momentum, **args.dgc_options)
+        dgc = DGCMomentum({k: shapes[k] for k in compressed}, momentum=args.momentum,
+                          ratio=dgc_ratio, warmup_epochs=args.dgc_warmup_epochs,
+                          nranks=size, seed=seed, rank=rank)
     velocity = {k: np.zeros_like(v) for k, v in model.params.items()}
     n_train = len(xtr)
     per_step = args.batch * size
@@ -185,11 +196,19 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
                     velocity[k] += g
                     model.params[k] -= lr * velocity[k]
             elif dgc is not None:
-                to_send = dgc.accumulate(grads, epoch=epoch)
-                buckets.reduce(to_send)
-                dgc.sent(to_send)
-                for k in grads:
-                    model.params[k] -= lr * to_send[k]
+                # compressed tensors: momentum-corrected selection, masked once sent;
+                # dense ones (filtered by the bucket plan): ordinary momentum SGD
+                selected = dgc.accumulate({k: grads[k] for k in compressed}, epoch=epoch)
+                grads.update(selected)
+                buckets.reduce(grads)
+                dgc.sent(selected)
+                for k, g in grads.items():
+                    if k in selected:
+                        model.params[k] -= lr * g
+                    else:
+                        velocity[k] *= args.momentum
+                        velocity[k] += g
+                        model.params[k] -= lr * velocity[k]
             else:
                 buckets.reduce(grads)
                 for k, g in grads.items():
@@ -208,7 +227,10 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     from mpi4py import MPI
 
     comm.Allreduce(stats, worst, op=MPI.MAX)
-    return {"codec": reducer.codec.describe(), "codec_name": codec, "algorithm": algorithm,
+    described = reducer.codec.describe()
+    if use_dgc:
+        described = f"dgc(ratio={dgc_ratio},warmup={args.dgc_warmup_epochs})+{described}"
+    return {"codec": described, "codec_name": codec, "algorithm": algorithm,
             "error_feedback": reducer.feedback.enabled, "dgc_momentum": use_dgc,
             "fp_last_layer": fp_last, "seed": seed, "epochs": history,
             "final_acc": history[-1]["test_acc"], "final_loss": history[-1]["train_loss"],
@@ -242,12 +264,15 @@ def build_parser():
                    help="reduce the last layer dense (auto: on for terngrad)")
     p.add_argument("--dgc-momentum", choices=("auto", "on", "off"), default="auto",
                    help="DGC momentum correction + masking + sparsity warm-up (auto: on for dgc)")
+    p.add_argument("--dgc-warmup-epochs", type=int, default=4,
+                   help="DGC's exponential sparsity warm-up, in epochs (0: none)")
     p.add_argument("--bucket-bytes", type=int, default=0,
                    help="fusion bucket size; 0 reduces each tensor with its own shape")
     p.add_argument("--min-compress", type=int, default=256,
                    help="tensors with fewer elements (and 1-D ones) are reduced dense")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="codec/algorithm option (applies to every codec that takes it)")
+                   help="codec/algorithm option: KEY=VALUE applies to every codec that takes "
+                        "it, CODEC.KEY=VALUE to that codec only (e.g. dgc.ratio=0.001)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("-J", "--json", default=None, metavar="FILE")
     return p
@@ -268,7 +293,6 @@ def main(argv=None) -> int:
     from .allreduce import parse_options
 
     all_options = parse_options(args.option)
-    args.dgc_options = {}
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
     for c in codecs:
         if c not in hpccomm.available_codecs():
@@ -285,8 +309,18 @@ def main(argv=None) -> int:
     runs = []
     for codec in codecs:
         algorithm = "mpi" if codec == "none" else args.algorithm
+        from hpccomm.collectives.base import get_algorithm_class
+
+        args.alg_params = set(inspect.signature(get_algorithm_class(algorithm).__init__).parameters)
         accepted = set(inspect.signature(type(hpccomm.get_codec(codec)).__init__).parameters)
-        args.options = {k: v for k, v in all_options.items() if k in accepted}
+        accepted |= args.alg_params
+        if codec == "dgc":
+            accepted.add("ratio")
+        mine = {k: v for k, v in all_options.items() if "." not in k}
+        mine.update({k.split(".", 1)[1]: v for k, v in all_options.items()
+                     if k.split(".", 1)[0] == codec and "." in k})
+        args.options = {k: v for k, v in mine.items()
+                        if k in accepted and k not in ("self", "comm", "codec", "options")}
         for seed in seeds:
             r = train_one(comm, data, codec, algorithm, seed, args)
             runs.append(r)
