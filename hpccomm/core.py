@@ -14,6 +14,7 @@ from .codecs.base import Codec, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .errors import ConsistencyError, NonFiniteError
 from .feedback import ErrorFeedback, KeyState
+from .kernels.common import count_nonfinite
 from .stats import CallStats, Stats
 from .validation import agree, check_local
 
@@ -204,8 +205,8 @@ class Allreducer:
                                  f"({'device' if obuf.on_device else 'host'}), input has "
                                  f"{buf.size} {buf.dtype} ({'device' if buf.on_device else 'host'})")
         if (self.codec.nonfinite == "raise" and self.check == "always" and not buf.on_device
-                and buf.dtype != "bfloat16" and buf.size and not np.isfinite(buf.host).all()):
-            bad = int(np.count_nonzero(~np.isfinite(buf.host)))
+                and buf.dtype != "bfloat16" and buf.size
+                and (bad := count_nonfinite(np.ascontiguousarray(buf.host)))):
             raise NonFiniteError(f"input holds {bad} NaN/Inf value(s); codec "
                                  f"{self.codec.name!r} has nonfinite='raise'")
         return buf, obuf

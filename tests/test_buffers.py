@@ -124,3 +124,17 @@ def test_bench_sizes():
         parse_size("lots")
     assert sizes_from(4096, 1 << 20, 4) == [4096, 16384, 65536, 262144, 1048576]
     assert sizes_from(4, 10, 2) == [4, 8]
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("n", [0, 1, 7, 33, 1000])
+def test_count_nonfinite_matches_numpy(dtype, n):
+    from hpccomm.kernels.common import count_nonfinite
+
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(dtype)
+    if n:
+        x[rng.integers(0, n, size=max(1, n // 5))] = rng.choice([np.nan, np.inf, -np.inf])
+        x[0] = -0.0
+    assert count_nonfinite(x) == int(np.count_nonzero(~np.isfinite(x)))
+    assert count_nonfinite(x.reshape(-1, 1)) == count_nonfinite(x)

@@ -30,6 +30,7 @@ from typing import ClassVar, Dict, Optional, Tuple, Type
 import numpy as np
 
 from ..errors import NonFiniteError, PacketError
+from ..kernels.common import count_nonfinite
 
 MAGIC = b"HC"
 HEADER = np.dtype([("magic", "S2"), ("version", "<u1"), ("codec", "<u1"), ("extra", "<u4"),
@@ -212,8 +213,7 @@ class Codec:
             x = x.reshape(-1)
         if not x.flags.c_contiguous:
             raise ValueError(f"{self.name}: input is not contiguous")
-        if self.nonfinite == "raise" and x.size and not np.isfinite(x).all():
-            bad = int(np.count_nonzero(~np.isfinite(x)))
+        if self.nonfinite == "raise" and x.size and (bad := count_nonfinite(x)):
             raise NonFiniteError(f"{self.name}: input holds {bad} NaN/Inf value(s) "
                                  "(policy nonfinite='raise')")
         return x

@@ -244,41 +244,58 @@ def onebit_encode(x, col_len, means, words):
         words[n >> 5] = carry
 
 
+#: single-bit masks: ``w & _BITS[k]`` with a constant ``k`` per unrolled lane
+#: vectorizes (compare + blend), where ``(w >> k) & 1`` did not
+_BITS = np.array([1 << k for k in range(32)], dtype=np.uint32)
+
+
 @njit(cache=True)
 def onebit_decode(words, means, col_len, out, add):
     """``out[i] = means[2c]`` if bit ``i`` is set, else ``means[2c + 1]``
-    (``c = i // col_len``); ``add``: ``out +=``."""
+    (``c = i // col_len``); ``add``: ``out +=``.
+
+    Whole words go through the vectorizable forms: a select per lane for
+    ``add``, and for stores an integer blend of the two means' bit patterns
+    (``bn ^ ((bp ^ bn) & -bit)``: exactly one of the two floats, no
+    arithmetic)."""
     n = out.size
+    bits = _BITS
+    ob = out.view(np.uint32)
+    mb = means.view(np.uint32)
     for c in range(means.size // 2):
         lo = c * col_len
         hi = min(lo + col_len, n)
         mp = means[2 * c]
         mn = means[2 * c + 1]
-        i = np.uint64(lo)
-        end = np.uint64(hi)
-        while i < end and ((i & _U31) != _U0 or i + _U32 > end):
-            v = mp if (np.int64(words[i >> _U5]) >> np.int64(i & _U31)) & 1 else mn
+        bp = mb[2 * c]
+        bn = mb[2 * c + 1]
+        diff = bp ^ bn
+        i = lo
+        while i < hi and ((i & 31) != 0 or i + 32 > hi):
+            v = mp if (np.int64(words[i >> 5]) >> np.int64(i & 31)) & 1 else mn
             if add:
                 out[i] += v
             else:
                 out[i] = v
-            i += _U1
-        while i + _U32 <= end:
-            w = np.int64(words[i >> _U5])
+            i += 1
+        while i + 32 <= hi:
+            w = words[i >> 5]
             if add:
+                o = out[i:i + 32]
                 for k in range(32):
-                    out[i + np.uint64(k)] += mp if (w >> k) & 1 else mn
+                    o[k] += mp if (w & bits[k]) != 0 else mn
             else:
+                o = ob[i:i + 32]
                 for k in range(32):
-                    out[i + np.uint64(k)] = mp if (w >> k) & 1 else mn
-            i += _U32
-        while i < end:
-            v = mp if (np.int64(words[i >> _U5]) >> np.int64(i & _U31)) & 1 else mn
+                    o[k] = bn ^ (diff & (np.uint32(0) - ((w & bits[k]) != 0)))
+            i += 32
+        while i < hi:
+            v = mp if (np.int64(words[i >> 5]) >> np.int64(i & 31)) & 1 else mn
             if add:
                 out[i] += v
             else:
                 out[i] = v
-            i += _U1
+            i += 1
 
 
 # ---------------------------------------------------------------------------
