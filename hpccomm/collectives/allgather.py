@@ -37,7 +37,6 @@ class AllgatherAllreduce(Algorithm):
             for src in range(P):
                 codec.decode_add(packets[src], out)
             if fb.enabled:
-                own = np.empty(x.size, dtype=np.float32)
-                codec.decode(packet, own)
+                own = codec.decode(packet, self.scratch("own", x.size))
         if fb.enabled:
             fb.update(state, "worker", v, own)

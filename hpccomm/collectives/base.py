@@ -71,6 +71,16 @@ class Algorithm:
         self.size = comm.Get_size()
         self.check_codec(codec)
 
+    def scratch(self, name: str, n: int, dtype=np.float32) -> np.ndarray:
+        """A work buffer of ``n`` elements (contents undefined), one per name,
+        kept between calls: large reductions then do not page-fault fresh
+        memory on every call.  Valid until the next ``scratch(name, ...)``."""
+        bufs = self.__dict__.setdefault("_scratch", {})
+        buf = bufs.get(name)
+        if buf is None or buf.size < n or buf.dtype != np.dtype(dtype):
+            buf = bufs[name] = np.empty(n, dtype=dtype)
+        return buf[:n]
+
     def check_codec(self, codec: Codec) -> None:
         """Raise ValueError if this algorithm cannot carry ``codec``."""
 

@@ -330,8 +330,7 @@ class SparseAlgorithm(Algorithm):
             idx, vals = sparsify(self.codec, v, ctx.encode_context(self.rank))
         call.extra["nnz"] = int(idx.size)
         self.reduce_sparse(idx, vals, x.size, state, call, out)
-        if fb.enabled:
-            fb.update(state, "worker", v, K.densify(idx, vals, 0, x.size))
+        fb.update_sparse(state, "worker", v, idx, vals)
 
     def reduce_sparse(self, idx: np.ndarray, vals: np.ndarray, n: int, state, call: CallStats,
                       out: Optional[np.ndarray] = None):

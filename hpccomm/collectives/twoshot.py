@@ -56,11 +56,12 @@ class TwoShot(Algorithm):
         received = alltoallv_bytes(comm, packets, call, recv_sizes)
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         with call.time("decode"):
-            acc = np.zeros(hi - lo, dtype=np.float32)
+            acc = self.scratch("acc", hi - lo)
+            acc[:] = 0
             for src in range(P):  # rank order: the same sum on every owner
                 codec.decode_add(received[src], acc)
             if fb.enabled:  # this rank's own quantization error, for its worker residual
-                decoded_own = np.empty(n, dtype=np.float32)
+                decoded_own = self.scratch("own", n)
                 for j in range(P):
                     codec.decode(packets[j], decoded_own[bounds[j]:bounds[j + 1]])
         w = fb.compensate(state, "owner", acc)
