@@ -52,6 +52,16 @@ def test_allreduce_json_schema(tmp_path, ranks):
     assert {r["algorithm_name"] for r in rows} == {"MPI_Allreduce", "mpi", "twoshot", "allgather"}
     assert all(r["speedup"] == 1.0 for r in rows if r["algorithm_name"] == "MPI_Allreduce")
     assert csv.read_text().splitlines()[0].startswith("codec,")
+    rep = run([PY, "-m", "hpccomm.bench", "report", str(out), "--rate", "1gbit"])
+    assert rep.returncode == 0, rep.stderr
+    table = [line for line in rep.stdout.splitlines() if line.startswith("| ")]
+    assert len(table) == 1 + len(rows) and "measured / floor" in table[0]
+    # the floor of a case with wire bytes w at 1 Gbit/s is at least w * 8 ns
+    big = max(rows, key=lambda r: (r["size"], r["algorithm_name"] == "twoshot"))
+    if big["wire_bytes"]:
+        from hpccomm.bench.report import floor_seconds
+
+        assert floor_seconds(big, 1e9) >= big["wire_bytes"] * 8e-9
 
 
 PLUGIN = '''
@@ -107,6 +117,13 @@ def test_allreduce_bad_arguments():
         assert message in proc.stderr + proc.stdout, (args, proc.stderr)
 
 
+def test_report_rejects_other_json(tmp_path):
+    f = tmp_path / "x.json"
+    f.write_text('{"runs": []}')
+    proc = run([PY, "-m", "hpccomm.bench", "report", str(f)])
+    assert proc.returncode != 0 and "not an allreduce result" in proc.stderr
+
+
 def test_bench_help_and_unknown_command():
     proc = run([PY, "-m", "hpccomm.bench", "--help"])
     assert proc.returncode == 0 and "allreduce" in proc.stdout and "netem" in proc.stdout
@@ -140,6 +157,27 @@ def test_plot_writes_pngs(tmp_path):
     for kind in ("time", "speedup"):
         png = tmp_path / "fig" / f"r-{kind}.png"
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_train_diverged_run_and_combined_accuracy_plot(tmp_path):
+    """A run that diverges stops on every rank, is reported as such, and the
+    accuracy figure of several train files (one with a diverged run) is drawn."""
+    pytest.importorskip("matplotlib")
+    pytest.importorskip("sklearn")
+    a, b = tmp_path / "a.json", tmp_path / "b.json"
+    proc = bench(2, "train", "--codec", "none", "--epochs", "2", "--hidden", "16", "-J", str(a))
+    assert proc.returncode == 0, proc.stderr
+    # a learning rate of 1e6 blows the weights up within an epoch
+    proc = bench(2, "train", "--codec", "topk", "--epochs", "2", "--hidden", "16",
+                 "--lr", "1e6", "--warmup-epochs", "0", "-J", str(b))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "diverged at step" in proc.stdout and "1 of 1 diverged" in proc.stdout
+    run_b = json.loads(b.read_text())["runs"][0]
+    assert run_b["diverged_at_step"] is not None and run_b["weights_identical"]
+    proc = run([PY, "-m", "hpccomm.bench", "plot", str(a), str(b), "--combine", "both",
+                "--out", str(tmp_path / "fig")])
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "fig" / "both-accuracy.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_netem_rate_parsing():

@@ -8,6 +8,7 @@ Commands
     plot        PNG figures from the JSON files of allreduce and train
     netem       the allreduce benchmark across network namespaces with tc-limited links
     sparse      sparse allreduce algorithms against MPI_Allreduce (under mpiexec / srun)
+    report      markdown table of allreduce results with the model's floor per row
 """
 import argparse
 import os
@@ -24,6 +25,7 @@ COMMANDS = {
     "plot": ("hpccomm.bench.plot", "PNG figures from allreduce/train JSON results"),
     "netem": ("hpccomm.bench.netem", "the allreduce benchmark on an emulated cluster network "
                                      "(root)"),
+    "report": ("hpccomm.bench.report", "markdown table of allreduce JSON with the model's floor"),
     "sparse": ("hpccomm.bench.sparse", "sparse allreduce algorithms vs MPI_Allreduce by input "
                                        "density (under mpiexec/srun)"),
 }

@@ -70,16 +70,29 @@ def plot_train(data: dict, stem: str, plt) -> list:
 
     by_codec = defaultdict(list)
     for run in data["runs"]:
-        by_codec[(run["codec_name"], run["error_feedback"])].append(run)
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    for (codec, ef), runs in sorted(by_codec.items()):
-        acc = np.array([[e["test_acc"] for e in r["epochs"]] for r in runs])
+        by_codec[(run["codec_name"], run["error_feedback"], run["codec"])].append(run)
+    # the full description only where one codec appears with several parameter sets
+    variants = defaultdict(set)
+    for codec, _, described in by_codec:
+        variants[codec].add(described)
+    fig, ax = plt.subplots(figsize=(10, 5.5))
+    colors = plt.cm.tab20(np.linspace(0, 1, 20))
+    for series, ((codec, ef, described), runs) in enumerate(sorted(by_codec.items())):
+        # a diverged run stops early: its missing epochs count as accuracy 0
+        length = max(len(r["epochs"]) for r in runs)
+        acc = np.zeros((len(runs), max(length, 1)))
+        for i, r in enumerate(runs):
+            acc[i, :len(r["epochs"])] = [e["test_acc"] for e in r["epochs"]]
         epochs = np.arange(1, acc.shape[1] + 1)
-        label = f"{codec}{' +EF' if ef else ''} (n={len(runs)})"
+        diverged = sum(r.get("diverged_at_step") is not None for r in runs)
+        name = described if len(variants[codec]) > 1 else codec
+        label = (f"{name}{' +EF' if ef else ''} (n={len(runs)}"
+                 f"{f', {diverged} diverged' if diverged else ''})")
         line, = ax.plot(epochs, acc.mean(axis=0), label=label,
-                        color="black" if codec == "none" else None,
-                        linewidth=2.5 if codec == "none" else 1.2)
-        ax.fill_between(epochs, acc.min(axis=0), acc.max(axis=0), alpha=0.12,
+                        color="black" if codec == "none" else colors[series % 20],
+                        linewidth=2.5 if codec == "none" else 1.2,
+                        linestyle="--" if not ef and codec not in ("none", "dgc") else "-")
+        ax.fill_between(epochs, acc.min(axis=0), acc.max(axis=0), alpha=0.10,
                         color=line.get_color())
     meta = data.get("meta", {})
     ax.set_xlabel("epoch")
@@ -87,7 +100,7 @@ def plot_train(data: dict, stem: str, plt) -> list:
     ax.set_title(f"{meta.get('dataset', '')}: {meta.get('ranks', '?')} ranks, mean and min-max "
                  "over seeds", fontsize=10)
     ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
     fig.tight_layout()
     path = f"{stem}-accuracy.png"
     fig.savefig(path, dpi=110)
@@ -100,6 +113,9 @@ def main(argv=None) -> int:
                                 description="PNG figures from benchmark JSON files.")
     p.add_argument("files", nargs="+", help="JSON written by 'allreduce -J' or 'train -J'")
     p.add_argument("--out", default=None, help="directory for the PNGs (default: beside input)")
+    p.add_argument("--combine", default=None, metavar="NAME",
+                   help="train results only: all runs of all files in one figure, "
+                        "NAME-accuracy.png")
     args = p.parse_args(argv)
     try:
         import matplotlib
@@ -108,6 +124,21 @@ def main(argv=None) -> int:
         import matplotlib.pyplot as plt
     except ImportError:
         raise SystemExit("plot needs matplotlib: pip install 'hpccomm[plot]'")
+    if args.combine:
+        merged = None
+        for path in args.files:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+            if "runs" not in data:
+                raise SystemExit(f"{path}: --combine takes train results only")
+            if merged is None:
+                merged = {"meta": data.get("meta", {}), "runs": []}
+            merged["runs"].extend(data["runs"])
+        folder = args.out or os.path.dirname(os.path.abspath(args.files[0]))
+        os.makedirs(folder, exist_ok=True)
+        for w in plot_train(merged, os.path.join(folder, args.combine), plt):
+            print(w)
+        return 0
     for path in args.files:
         with open(path, encoding="utf-8") as f:
             data = json.load(f)

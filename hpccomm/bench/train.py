@@ -179,15 +179,24 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     history = []
     step = 0
     t_compute = 0.0
+    diverged_at = None
+    from mpi4py import MPI
+
     for epoch in range(args.epochs):
         perm = np.random.default_rng([seed, epoch, 777]).permutation(n_train)
         losses = []
         for s in range(steps_per_epoch):
             t0 = time.perf_counter()
             idx = perm[s * per_step:(s + 1) * per_step][rank::size]
-            loss, grads = model.loss_and_grads(xtr[idx], ytr[idx])
-            losses.append(loss)
+            with np.errstate(over="ignore", invalid="ignore"):
+                loss, grads = model.loss_and_grads(xtr[idx], ytr[idx])
+            finite = bool(np.isfinite(loss)) and all(np.isfinite(g).all() for g in grads.values())
             t_compute += time.perf_counter() - t0
+            # a diverged run stops on every rank at the same step (one tiny collective)
+            if not comm.allreduce(finite, op=MPI.LAND):
+                diverged_at = step
+                break
+            losses.append(loss)
             lr = lr_at(step, steps_per_epoch, args, size)
             if step < args.dense_warmup_steps:
                 dense_all.reduce(grads)
@@ -216,6 +225,8 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
                     velocity[k] += g
                     model.params[k] -= lr * velocity[k]
             step += 1
+        if diverged_at is not None:
+            break
         local = np.array([np.mean(losses)], dtype=np.float64)
         comm.Allreduce(local.copy(), local)
         history.append({"epoch": epoch + 1, "train_loss": float(local[0] / size),
@@ -224,8 +235,6 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     stats = np.array([buckets.bytes_sent + dense_all.bytes_sent, buckets.comm_time + dense_all.comm_time,
                       t_compute], dtype=np.float64)
     worst = np.empty_like(stats)
-    from mpi4py import MPI
-
     comm.Allreduce(stats, worst, op=MPI.MAX)
     described = reducer.codec.describe()
     if use_dgc:
@@ -233,7 +242,10 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     return {"codec": described, "codec_name": codec, "algorithm": algorithm,
             "error_feedback": reducer.feedback.enabled, "dgc_momentum": use_dgc,
             "fp_last_layer": fp_last, "seed": seed, "epochs": history,
-            "final_acc": history[-1]["test_acc"], "final_loss": history[-1]["train_loss"],
+            # a diverged run scores what its (non-finite) weights predict: chance or worse
+            "final_acc": history[-1]["test_acc"] if diverged_at is None else 0.0,
+            "final_loss": history[-1]["train_loss"] if diverged_at is None else float("nan"),
+            "diverged_at_step": diverged_at,
             "bytes_sent_per_rank": int(worst[0]), "t_comm": float(worst[1]),
             "t_compute": float(worst[2]), "weights_identical": len(set(digests)) == 1,
             "steps": step, "buckets": buckets.plan()}
@@ -328,7 +340,9 @@ def main(argv=None) -> int:
                 print(f"{r['codec']:>35} {algorithm:>9} {str(r['error_feedback']):>5} {seed:>4} "
                       f"{r['final_acc']:>9.4f} {r['final_loss']:>7.4f} "
                       f"{r['bytes_sent_per_rank'] / 1e6:>8.2f} {r['t_comm']:>7.2f} "
-                      f"{r['t_compute']:>9.2f} {str(r['weights_identical']):>9}", flush=True)
+                      f"{r['t_compute']:>9.2f} {str(r['weights_identical']):>9}"
+                      + (f"  diverged at step {r['diverged_at_step']}"
+                         if r["diverged_at_step"] is not None else ""), flush=True)
     if rank == 0:
         print("# summary: final test accuracy, mean +- std over seeds")
         base = None
@@ -337,7 +351,10 @@ def main(argv=None) -> int:
             if codec == "none":
                 base = accs.mean()
             delta = f"  ({100 * (accs.mean() - base):+.2f} pp vs fp32)" if base is not None else ""
-            print(f"#   {codec:>10}: {100 * accs.mean():6.2f} +- {100 * accs.std():5.2f} %{delta}")
+            bad = sum(r["diverged_at_step"] is not None for r in runs if r["codec_name"] == codec)
+            note = f"  [{bad} of {accs.size} diverged, counted as 0 %]" if bad else ""
+            print(f"#   {codec:>10}: {100 * accs.mean():6.2f} +- {100 * accs.std():5.2f} %"
+                  f"{delta}{note}")
         if args.json:
             meta = {"dataset": args.dataset, "ranks": size, "epochs": args.epochs,
                     "batch": args.batch, "lr": args.lr, "hidden": args.hidden,
