@@ -1,6 +1,6 @@
 """``python -m hpccomm.slurm``: run hpccomm's batch templates on a Slurm cluster.
 
-    python -m hpccomm.slurm [--template bench|bench-gpu|PATH] [--wait]
+    python -m hpccomm.slurm [--template bench|bench-gpu|train|PATH] [--wait]
         [--mpi pmi2|pmix|mpiexec] [--out DIR] [sbatch options...] [-- job args]
 
 Inside an allocation (``SLURM_JOB_ID`` is set, e.g. under ``salloc``) the
@@ -9,7 +9,8 @@ with ``sbatch``; any option this command does not know (``--nodes=4``,
 ``--ntasks-per-node=1``, ``--partition=gpu``, ...) goes to sbatch, and
 ``--wait`` waits for the job and reports its final state and exit code
 (non-zero when the job failed).  Arguments after ``--`` go to the job's command
-(``hpccomm.bench allreduce`` for the bench templates).
+(``hpccomm.bench allreduce`` for the bench templates, ``hpccomm.bench train``
+for the train template).
 
 Templates are the ``*.sbatch`` files of the repository's ``slurm/`` folder
 (found next to the package in a source checkout, or in
@@ -73,7 +74,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         argv, job_args = argv[:cut], argv[cut + 1:]
     p = argparse.ArgumentParser(prog="python -m hpccomm.slurm", description=__doc__.split("\n\n")[0],
                                 epilog="Unknown options are passed to sbatch.")
-    p.add_argument("--template", default="bench", help="bench, bench-gpu or a path")
+    p.add_argument("--template", default="bench", help="bench, bench-gpu, train or a path")
     p.add_argument("--wait", action="store_true", help="wait for the job; exit with its status")
     p.add_argument("--mpi", default=None, help="srun --mpi plugin (pmi2, pmix) or 'mpiexec'")
     p.add_argument("--python", default=sys.executable,

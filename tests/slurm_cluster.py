@@ -48,6 +48,14 @@ def _free_port():
         return s.getsockname()[1]
 
 
+def _first_job_id() -> int:
+    """Job ids that do not repeat between test runs: a job aborted by MPI may
+    leave MPICH shared-memory segments behind whose names derive from the
+    job id, and a later job with the same id then fails in MPI_Init ("Out of
+    memory" in the POSIX shm bootstrap)."""
+    return 1000 + int(time.time() * 10) % 50_000_000
+
+
 class LocalSlurm:
     def __init__(self, partition_oversubscribe=4):
         self.tmp = tempfile.mkdtemp(prefix="hpccomm-slurm-")
@@ -109,6 +117,7 @@ SlurmdLogFile={self.path('slurmd.log')}
 AccountingStorageType=accounting_storage/none
 JobCompType=jobcomp/none
 MinJobAge=600
+FirstJobId={_first_job_id()}
 {node_line}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:{self.oversubscribe}
 """)

@@ -15,7 +15,7 @@ from .slurm_cluster import LocalSlurm, ensure_installed
 
 
 def test_templates_are_found_and_documented():
-    for name in ("bench", "bench-gpu"):
+    for name in ("bench", "bench-gpu", "train"):
         path = find_template(name)
         with open(path) as f:
             text = f.read()
@@ -69,6 +69,23 @@ def test_sbatch_bench_template(cluster, tmp_path, mpi):
     assert data["meta"]["ranks"] == 2
     assert {r["size"] for r in data["rows"]} == {4096, 65536}
     assert "MPI_Allreduce" in (job_dir / "bench.txt").read_text()
+
+
+def test_sbatch_train_template(cluster, tmp_path):
+    pytest.importorskip("sklearn")
+    out = tmp_path / "runs"
+    proc = subprocess.run(
+        [sys.executable, "-m", "hpccomm.slurm", "--template", "train", "--wait", "--out", str(out),
+         "--ntasks=2", f"--output={tmp_path}/job-%j.out", "--",
+         "--dataset", "digits", "--codec", "none,topk", "--epochs", "2", "--hidden", "32"],
+        env=cluster.env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stdout + proc.stderr + cluster.logs()
+    assert "state COMPLETED, exit code 0:0" in proc.stdout
+    (job_dir,) = list(out.iterdir())
+    data = json.loads((job_dir / "train.json").read_text())
+    assert data["meta"]["ranks"] == 2
+    assert [r["codec_name"] for r in data["runs"]] == ["none", "topk"]
+    assert all(r["weights_identical"] and len(r["epochs"]) == 2 for r in data["runs"])
 
 
 def test_failing_job_reports_failure(cluster, tmp_path):
