@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Reproduces the measurements of docs/results.md (run from the repository root,
+# as root for the netem part, with nothing else running: 2 cores are shared).
+#   ./docs/results.sh [codecs|shm|sparse|netem|train|train_extra|plots ...]   (default: all)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source .venv/bin/activate
+OUT=docs/data
+mkdir -p "$OUT"
+ALL=none,fp16,bf16,onebit,threshold,adaptive,terngrad,qsgd,topk,randk,dgc
+SPARSE=sparse_allgather,sparse_rd,sparse_split,kylix,sparse_op,rle_pipeline,oktopk
+bench() { mpiexec -n "$1" python -m mpi4py -m hpccomm.bench "${@:2}"; }
+
+codecs() {
+  python -m hpccomm.bench codecs --sizes 1M,64M -J $OUT/codecs.json | tee $OUT/codecs.txt
+}
+shm() {
+  for p in 2 4; do
+    bench $p allreduce -m 4K:256M -f 4 --codec $ALL --algorithm twoshot --no-progress \
+      -J $OUT/shm-p$p.json | tee $OUT/shm-p$p.txt
+    bench $p allreduce -m 4K:256M -f 4 --codec topk --algorithm $SPARSE --no-progress \
+      -J $OUT/shm-sparse-p$p.json | tee $OUT/shm-sparse-p$p.txt
+  done
+}
+sparse() {
+  for p in 2 4; do
+    mpiexec -n $p python -m mpi4py -m hpccomm.bench sparse -n 16M -d 0.001,0.01,0.1 \
+      | tee $OUT/sparse-p$p.txt
+  done
+}
+netem() {
+  for rate in 1gbit 4gbit; do
+    for p in 2 4; do
+      python -m hpccomm.bench netem --ranks $p --rate $rate --timeout 3600 -- \
+        -m 1M:256M -f 4 -i 3 -x 1 --codec ${ALL#none,} --algorithm twoshot,mpi --no-progress \
+        -J $OUT/netem-$rate-p$p.json | tee $OUT/netem-$rate-p$p.txt
+      python -m hpccomm.bench netem --ranks $p --rate $rate --timeout 3600 -- \
+        -m 1M:256M -f 4 -i 3 -x 1 --codec topk --algorithm $SPARSE --no-progress \
+        -J $OUT/netem-sparse-$rate-p$p.json | tee $OUT/netem-sparse-$rate-p$p.txt
+    done
+  done
+}
+train() {
+  local codecs=none,onebit,threshold,adaptive,terngrad,qsgd,topk,dgc,randk
+  for ds in digits mnist1d; do
+    bench 4 train --dataset $ds --codec $codecs --seeds 0,1,2 --option topk.ratio=0.01 \
+      --option dgc.ratio=0.001 --option qsgd.bits=4 -J $OUT/train-$ds.json | tee $OUT/train-$ds.txt
+    bench 4 train --dataset $ds --codec onebit --error-feedback off --seeds 0,1,2 \
+      -J $OUT/train-$ds-onebit-noef.json | tee $OUT/train-$ds-onebit-noef.txt
+    # random-k with memory (Stich et al. 2018): biased randk + error feedback
+    bench 4 train --dataset $ds --codec randk --option unbiased=false --seeds 0,1,2 \
+      -J $OUT/train-$ds-randk-ef.json | tee $OUT/train-$ds-randk-ef.txt
+  done
+}
+train_extra() {
+  # the unbiased codecs with error feedback too, and randk at 10 %
+  for ds in digits mnist1d; do
+    bench 4 train --dataset $ds --codec terngrad,qsgd --error-feedback on --seeds 0,1,2 \
+      --option qsgd.bits=4 -J $OUT/train-$ds-unbiased-ef.json | tee $OUT/train-$ds-unbiased-ef.txt
+    bench 4 train --dataset $ds --codec randk --option ratio=0.1 --seeds 0,1,2 \
+      -J $OUT/train-$ds-randk10.json | tee $OUT/train-$ds-randk10.txt
+    bench 4 train --dataset $ds --codec randk --option ratio=0.1 --option unbiased=false \
+      --seeds 0,1,2 -J $OUT/train-$ds-randk10-ef.json | tee $OUT/train-$ds-randk10-ef.txt
+  done
+}
+plots() {
+  for f in $OUT/shm-p2 $OUT/shm-p4 $OUT/shm-sparse-p2 $OUT/shm-sparse-p4 $OUT/netem-1gbit-p2 \
+           $OUT/netem-1gbit-p4 $OUT/netem-4gbit-p2 $OUT/netem-4gbit-p4 \
+           $OUT/netem-sparse-1gbit-p2 $OUT/netem-sparse-1gbit-p4; do
+    python -m hpccomm.bench plot $f.json --out docs/img
+  done
+  for ds in digits mnist1d; do
+    python -m hpccomm.bench plot $OUT/train-$ds*.json --combine train-$ds --out docs/img
+  done
+}
+for step in "${@:-codecs shm sparse netem train train_extra plots}"; do
+  for s in $step; do $s; done
+done
