@@ -3,6 +3,8 @@
 # hpccomm with the MPICH wheel and the test tools into it, then:
 #
 #   ./dev.sh bench [ARGS...]   mpiexec -n ${NP:-2} python -m mpi4py -m hpccomm.bench allreduce ARGS
+#                              (no ARGS: 4 KiB-64 MiB, MPI_Allreduce vs none/bf16/onebit/
+#                              terngrad/qsgd/topk/randk through twoshot)
 #   ./dev.sh test  [ARGS...]   the whole test suite (python tests/run.py ARGS)
 #   ./dev.sh run CMD...        any command inside the venv (e.g. ./dev.sh run mpiexec -n 4 ...)
 #
@@ -46,6 +48,11 @@ cmd=${1:-}
 case "$cmd" in
     bench)
         setup
+        if [ $# -eq 0 ]; then
+            # the default sweep: MPI_Allreduce against a codec of each family
+            set -- -m 4K:64M -f 4 --codec none,bf16,onebit,terngrad,qsgd,topk,randk \
+                --algorithm mpi,twoshot
+        fi
         exec mpiexec -n "${NP:-2}" python -m mpi4py -m hpccomm.bench allreduce "$@"
         ;;
     test)
