@@ -25,7 +25,7 @@ from collections import defaultdict
 def _label(row) -> str:
     if row["algorithm_name"] == "MPI_Allreduce":
         return "MPI_Allreduce"
-    return f"{row['codec']}+{row['algorithm_name']}"
+    return f"{row['codec_name']}+{row['algorithm_name']}"
 
 
 def _title(meta) -> str:
@@ -40,14 +40,16 @@ def plot_allreduce(data: dict, stem: str, plt) -> list:
     paths = []
     for kind, ylabel in (("time", "median time of the slowest rank (s)"),
                          ("speedup", "speedup over MPI_Allreduce")):
-        fig, ax = plt.subplots(figsize=(8, 5.5))
-        for label, rows in sorted(series.items(), key=lambda kv: kv[0] != "MPI_Allreduce"):
+        fig, ax = plt.subplots(figsize=(10, 5.5))
+        colors = plt.cm.tab20(range(20))
+        for i, (label, rows) in enumerate(sorted(series.items(),
+                                                 key=lambda kv: kv[0] != "MPI_Allreduce")):
             rows = sorted(rows, key=lambda r: r["size"])
             xs = [r["size"] for r in rows]
             ys = [r["time_median"] if kind == "time" else r["speedup"] for r in rows]
             base = label == "MPI_Allreduce"
             ax.plot(xs, ys, marker="o", markersize=3, label=label,
-                    color="black" if base else None, linewidth=2.5 if base else 1.2)
+                    color="black" if base else colors[i % 20], linewidth=2.5 if base else 1.2)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         if kind == "speedup":
@@ -56,7 +58,7 @@ def plot_allreduce(data: dict, stem: str, plt) -> list:
         ax.set_ylabel(ylabel)
         ax.set_title(f"allreduce {kind}: {_title(data.get('meta', {}))}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, ncol=2)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
         path = f"{stem}-{kind}.png"
         fig.savefig(path, dpi=110)
