@@ -2,32 +2,19 @@
 import numpy as np
 from numba import njit
 
-_EXP32 = np.uint32(0x7F800000)
-_EXP16 = np.uint16(0x7C00)
-_EXP64 = np.uint64(0x7FF0000000000000)
+#: all exponent bits of each IEEE float width, as the unsigned type of that width
+_EXPONENT = {np.dtype(np.float16): np.uint16(0x7C00), np.dtype(np.float32): np.uint32(0x7F800000),
+             np.dtype(np.float64): np.uint64(0x7FF0000000000000)}
+_BITS = {np.dtype(np.float16): np.uint16, np.dtype(np.float32): np.uint32,
+         np.dtype(np.float64): np.uint64}
 
 
 @njit(cache=True)
-def _count_nonfinite32(u):
+def _count_all_ones(u, mask):
+    """How many ``u[i]`` have every bit of ``mask`` set."""
     c = 0
     for i in range(u.size):
-        c += (u[i] & _EXP32) == _EXP32
-    return c
-
-
-@njit(cache=True)
-def _count_nonfinite16(u):
-    c = 0
-    for i in range(u.size):
-        c += (u[i] & _EXP16) == _EXP16
-    return c
-
-
-@njit(cache=True)
-def _count_nonfinite64(u):
-    c = 0
-    for i in range(u.size):
-        c += (u[i] & _EXP64) == _EXP64
+        c += (u[i] & mask) == mask
     return c
 
 
@@ -36,10 +23,7 @@ def count_nonfinite(x: np.ndarray) -> int:
     vectorized pass over the bit patterns (all exponent bits set), without
     the temporary boolean array of ``np.isfinite``."""
     flat = x.reshape(-1)
-    if x.dtype == np.float32:
-        return int(_count_nonfinite32(flat.view(np.uint32)))
-    if x.dtype == np.float16:
-        return int(_count_nonfinite16(flat.view(np.uint16)))
-    if x.dtype == np.float64:
-        return int(_count_nonfinite64(flat.view(np.uint64)))
-    return int(np.count_nonzero(~np.isfinite(flat)))
+    mask = _EXPONENT.get(x.dtype)
+    if mask is None:
+        return int(np.count_nonzero(~np.isfinite(flat)))
+    return int(_count_all_ones(flat.view(_BITS[x.dtype]), mask))

@@ -32,10 +32,12 @@ Import this module only where a GPU (or the simulator) is wanted: ``import
 hpccomm`` never imports numba.cuda.
 """
 import math
+from functools import partial
 
 import numpy as np
 from numba import config, cuda
 
+from .cuda_util import launch, to_device
 from .quantize import F32_MAX, LANES
 from .rng import uniform01
 
@@ -55,15 +57,8 @@ else:  # pragma: no cover - needs a GPU
         return libdevice.dmul_rn(a, b)
 
 
-def _device(a, dtype=None):
-    if isinstance(a, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
-    return a
-
-
-def _launch(kernel, count, *args):
-    if count > 0:
-        kernel[(count + _THREADS - 1) // _THREADS, _THREADS](*args)
+_device = to_device
+_launch = partial(launch, _THREADS)
 
 
 # ---------------------------------------------------------------------------

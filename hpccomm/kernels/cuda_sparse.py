@@ -29,8 +29,12 @@ Import this module only where a GPU (or the simulator,
 ``NUMBA_ENABLE_CUDASIM=1``) is wanted: ``import hpccomm`` never imports
 numba.cuda.
 """
+from functools import partial
+
 import numpy as np
 from numba import config, cuda, int32
+
+from .cuda_util import launch, to_device
 
 #: threads per block (the simulator runs one Python thread per CUDA thread)
 THREADS = 32 if config.ENABLE_CUDASIM else 256
@@ -39,15 +43,8 @@ ROUNDS = 4 if config.ENABLE_CUDASIM else 64
 TILE = THREADS * ROUNDS
 
 
-def _device(a, dtype=None):
-    if isinstance(a, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
-    return a
-
-
-def _launch(kernel, count, *args):
-    if count > 0:
-        kernel[(count + THREADS - 1) // THREADS, THREADS](*args)
+_device = to_device
+_launch = partial(launch, THREADS)
 
 
 # ---------------------------------------------------------------------------

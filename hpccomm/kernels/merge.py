@@ -246,6 +246,18 @@ def rle_add_into(words, dense):
         pos += run
 
 
+@njit(cache=True, inline="always")
+def _next_run(words, w, s, n, end, big):
+    """The present run that follows in an RLE block: its segment's words start
+    at ``w``, the previous run ended at ``end``, ``s`` of ``n`` segments are
+    consumed.  Returns ``(r0, r1, v, s)`` -- the run ``[r0, r1)`` with values
+    from word ``v`` -- or ``r0 = r1 = big`` when no segment is left."""
+    if s < n:
+        r0 = end + np.int64(words[w])
+        return r0, r0 + np.int64(words[w + 1]), w + 2, s + 1
+    return big, big, w, s
+
+
 @njit(cache=True)
 def rle_merge(a, b):
     """Merge-sum of two RLE blocks (neither dense) without decoding them:
@@ -257,30 +269,12 @@ def rle_merge(a, b):
     nnz_bound = a.size + b.size
     out = np.empty(1 + nnz_bound, dtype=np.uint32)
     fo = out.view(np.float32)
-    # cursors: segment counters, word positions, start/end of current present run
-    sa, sb = 0, 0
-    wa, wb = 1, 1
-    na, nb = a[0], b[0]
-    # current run of a: [ra0, ra1) with values at fa[va + (p - ra0)]
-    ra0 = ra1 = va = 0
-    rb0 = rb1 = vb = 0
+    # per operand: the current present run [r0, r1) with values at f[v + (p - r0)],
+    # and the segment counter s of n segments
+    na, nb = np.int64(a[0]), np.int64(b[0])
     big = np.int64(1) << 62
-    pa_end = 0
-    pb_end = 0
-    if sa < na:
-        ra0 = pa_end + np.int64(a[wa])
-        ra1 = ra0 + np.int64(a[wa + 1])
-        va = wa + 2
-        sa += 1
-    else:
-        ra0 = ra1 = big
-    if sb < nb:
-        rb0 = pb_end + np.int64(b[wb])
-        rb1 = rb0 + np.int64(b[wb + 1])
-        vb = wb + 2
-        sb += 1
-    else:
-        rb0 = rb1 = big
+    ra0, ra1, va, sa = _next_run(a, np.int64(1), np.int64(0), na, np.int64(0), big)
+    rb0, rb1, vb, sb = _next_run(b, np.int64(1), np.int64(0), nb, np.int64(0), big)
     nseg = 0
     w = 1
     head = -1
@@ -315,29 +309,13 @@ def rle_merge(a, b):
         # advance the runs that ended at q, or trim the ones that continue
         if ra0 <= p:
             if ra1 == q:
-                wa = va + (ra1 - ra0)
-                pa_end = ra1
-                if sa < na:
-                    ra0 = pa_end + np.int64(a[wa])
-                    ra1 = ra0 + np.int64(a[wa + 1])
-                    va = wa + 2
-                    sa += 1
-                else:
-                    ra0 = ra1 = big
+                ra0, ra1, va, sa = _next_run(a, va + (ra1 - ra0), sa, na, ra1, big)
             else:
                 va += q - ra0
                 ra0 = q
         if rb0 <= p:
             if rb1 == q:
-                wb = vb + (rb1 - rb0)
-                pb_end = rb1
-                if sb < nb:
-                    rb0 = pb_end + np.int64(b[wb])
-                    rb1 = rb0 + np.int64(b[wb + 1])
-                    vb = wb + 2
-                    sb += 1
-                else:
-                    rb0 = rb1 = big
+                rb0, rb1, vb, sb = _next_run(b, vb + (rb1 - rb0), sb, nb, rb1, big)
             else:
                 vb += q - rb0
                 rb0 = q
