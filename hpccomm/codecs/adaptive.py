@@ -170,9 +170,8 @@ class Adaptive(SparseCodec):
         if n == 0:
             return H, None
         key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
-        with K.threads_for(n):
-            plan = K.adaptive_plan(x, H, self.proportion, self.samples, self.excess, key,
-                                   ctx.offset)
+        plan = K.adaptive_plan(x, H, self.proportion, self.samples, self.excess, key,
+                               ctx.offset)
         return H, plan
 
     def _write(self, x, H, plan):
@@ -180,8 +179,7 @@ class Adaptive(SparseCodec):
         starts = np.zeros(counts.size, dtype=np.int64)
         np.cumsum(counts[:-1], out=starts[1:])
         words = np.empty(int(counts.sum()), dtype=np.uint32)
-        with K.threads_for(x.size):
-            K.adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words)
+        K.adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words)
         return words
 
     def _encode(self, x, ctx):

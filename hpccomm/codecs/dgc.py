@@ -68,13 +68,12 @@ def dgc_select(x: np.ndarray, k: int, ratio: float, sample_ratio: float, max_ite
     key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
     sample = K.strided_sample_abs(x, s, key, ctx.offset)
     thr = K.kth_largest(sample, min(s, max(1, math.ceil(s * ratio))))
-    with K.threads_for(n):
+    count = K.count_abs_ge(x, thr)
+    for _ in range(max_iters):
+        if count >= LOWER * k or thr == 0:  # enough (too many: trimmed below)
+            break
+        thr = np.float32(thr * DECAY)
         count = K.count_abs_ge(x, thr)
-        for _ in range(max_iters):
-            if count >= LOWER * k or thr == 0:  # enough (too many: trimmed below)
-                break
-            thr = np.float32(thr * DECAY)
-            count = K.count_abs_ge(x, thr)
     idx, vals = K.select_abs_ge(x, thr, idt)
     return K.keep_largest(idx, vals, k)
 

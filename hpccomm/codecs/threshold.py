@@ -113,8 +113,7 @@ class Threshold(SparseCodec):
             return np.float32(self.tau)
         if x.size == 0:
             return np.float32(0)
-        with K.threads_for(x.size):
-            tau = self.alpha * math.sqrt(K.sum_squares(x) / x.size)
+        tau = self.alpha * math.sqrt(K.sum_squares(x) / x.size)
         return np.float32(tau) if tau <= F32_MAX else np.float32(np.inf)
 
     def _select(self, x):

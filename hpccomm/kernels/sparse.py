@@ -75,10 +75,10 @@ def count_abs_ge_blocks(x, t):
     return counts
 
 
-@njit(cache=True)
 def count_abs_ge(x, t):
     """Number of candidates ``|x_i| >= t and x_i != 0``."""
-    return count_abs_ge_blocks(x, t).sum()
+    with threads_for(x.size):
+        return int(count_abs_ge_blocks(x, np.float32(t)).sum())
 
 
 @njit(cache=True, parallel=True)
@@ -180,8 +180,15 @@ def _block_sum_squares(x):
     return parts
 
 
-@njit(cache=True)
 def sum_squares(x):
+    """``sum(x_i^2)`` in float64, the same bits for any thread count (see
+    :func:`_sum_squares`)."""
+    with threads_for(x.size):
+        return _sum_squares(x)
+
+
+@njit(cache=True)
+def _sum_squares(x):
     """``sum(x_i^2)`` in float64 with a fixed summation order: within a block,
     element ``i`` goes to accumulator ``i mod LANES``, the accumulators are
     added in lane order, then the tail, then the blocks in order -- the same
@@ -467,7 +474,7 @@ def _trim_side(col, tau, cap, sign):
 
 
 @njit(cache=True, parallel=True)
-def adaptive_plan(x, H, pi, samples, excess, key, offset):
+def _adaptive_plan(x, H, pi, samples, excess, key, offset):
     """Per column of ``H`` rows (the last one ragged): the cuts of both signs,
     the entry count and the two reconstruction means.
 
@@ -547,7 +554,7 @@ def adaptive_plan(x, H, pi, samples, excess, key, offset):
 
 
 @njit(cache=True, parallel=True)
-def adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
+def _adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
     """Column ``c``'s words ``(row << 1) | s`` (``s`` = 1 positive) at
     ``words[starts[c]:]``, rows ascending, following the cuts of
     :func:`adaptive_plan`."""
@@ -571,6 +578,18 @@ def adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
                     seen_n += v == neg_bar
                     words[k] = np.uint32(i << 1)
                     k += 1
+
+
+def adaptive_plan(x, H, pi, samples, excess, key, offset):
+    """:func:`_adaptive_plan`, on one thread for inputs of one block."""
+    with threads_for(x.size):
+        return _adaptive_plan(x, H, pi, samples, excess, key, offset)
+
+
+def adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
+    """:func:`_adaptive_write`, on one thread for inputs of one block."""
+    with threads_for(x.size):
+        _adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words)
 
 
 @njit(cache=True)
