@@ -154,9 +154,8 @@ def parse_options(items) -> dict:
     return out
 
 
-def case_options(codec: str, algorithm: str, options: dict) -> dict:
-    """The options of one (codec, algorithm) case: ``KEY`` applies where the codec
-    or the algorithm takes it, ``CODEC.KEY`` / ``ALGORITHM.KEY`` to that one only."""
+def accepted_params(codec, algorithm: str) -> set:
+    """Option names the algorithm (and the codec, when one is named) takes."""
     import inspect
 
     from ..codecs.base import _CODECS
@@ -165,7 +164,13 @@ def case_options(codec: str, algorithm: str, options: dict) -> dict:
     taken = set(inspect.signature(get_algorithm_class(algorithm).__init__).parameters)
     if codec in _CODECS:
         taken |= set(inspect.signature(_CODECS[codec].__init__).parameters)
-    taken -= {"self", "comm", "codec", "options"}
+    return taken - {"self", "comm", "codec", "options"}
+
+
+def case_options(codec: str, algorithm: str, options: dict) -> dict:
+    """The options of one (codec, algorithm) case: ``KEY`` applies where the codec
+    or the algorithm takes it, ``CODEC.KEY`` / ``ALGORITHM.KEY`` to that one only."""
+    taken = accepted_params(codec, algorithm)
     out = {}
     for key, value in options.items():
         scope, _, name = key.rpartition(".")

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import inspect
 import json
 import sys
 import time
@@ -153,7 +152,11 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
         # non-zero.  DGC's accumulation is the error feedback.
         ef = False
         dgc_ratio = float(options.pop("ratio", 0.001))
-        transport, options = "topk", {k: v for k, v in options.items() if k in args.alg_params}
+        from .allreduce import accepted_params
+
+        transport_params = accepted_params(None, algorithm)
+        transport = "topk"
+        options = {k: v for k, v in options.items() if k in transport_params}
         options["ratio"] = 1.0
     reducer = hpccomm.Allreducer(comm, codec=transport, algorithm=algorithm, op="mean",
                                  error_feedback=ef, seed=seed, **options)
@@ -302,7 +305,7 @@ def main(argv=None) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
     args.hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
-    from .allreduce import parse_options
+    from .allreduce import case_options, parse_options
 
     all_options = parse_options(args.option)
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
@@ -321,18 +324,7 @@ def main(argv=None) -> int:
     runs = []
     for codec in codecs:
         algorithm = "mpi" if codec == "none" else args.algorithm
-        from hpccomm.collectives.base import get_algorithm_class
-
-        args.alg_params = set(inspect.signature(get_algorithm_class(algorithm).__init__).parameters)
-        accepted = set(inspect.signature(type(hpccomm.get_codec(codec)).__init__).parameters)
-        accepted |= args.alg_params
-        if codec == "dgc":
-            accepted.add("ratio")
-        mine = {k: v for k, v in all_options.items() if "." not in k}
-        mine.update({k.split(".", 1)[1]: v for k, v in all_options.items()
-                     if k.split(".", 1)[0] == codec and "." in k})
-        args.options = {k: v for k, v in mine.items()
-                        if k in accepted and k not in ("self", "comm", "codec", "options")}
+        args.options = case_options(codec, algorithm, all_options)
         for seed in seeds:
             r = train_one(comm, data, codec, algorithm, seed, args)
             runs.append(r)
