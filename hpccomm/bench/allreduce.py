@@ -18,7 +18,10 @@ bandwidth a user sees); ``wire`` is the bytes this rank sent per call
 
 Errors are relative to the exact sum (float64): ``rel_err = ||r - s|| / ||s||``
 and ``max_err = max|r - s| / max|s|``, measured on a separate call with fresh
-state after the timed loop.
+state after the timed loop.  The JSON keeps a hash of the last timed
+iteration's result (``result_hash``) and of that fresh call's (``fresh_hash``):
+two runs with the same arguments and seed give bit-identical results exactly
+when these hashes agree.
 """
 from __future__ import annotations
 
@@ -291,6 +294,7 @@ def run_raw(comm, x, exact, iters, warmup):
     slowest = _slowest(comm, times)
     rel, max_err = _errors(_to_numpy(out), exact)
     p = comm.Get_size()
+    digest = result_hash(out)
     return {
         "codec": "-", "algorithm": "MPI_Allreduce", "codec_name": "-",
         "algorithm_name": "MPI_Allreduce",
@@ -300,7 +304,16 @@ def run_raw(comm, x, exact, iters, warmup):
         "wire_bytes": 2 * (p - 1) * x.nbytes // p if p > 1 else 0, "wire_modelled": True,
         "rel_err": rel, "max_err": max_err, "error_feedback": False,
         "wrong": None, "check_failures": [], "check_tolerance": None,
+        "result_hash": digest, "fresh_hash": digest,
     }
+
+
+def result_hash(res) -> str:
+    """A short hash of a result's bytes: equal hashes across runs mean
+    bit-identical results (the JSON's ``result_hash`` / ``fresh_hash``)."""
+    import hashlib
+
+    return hashlib.sha256(np.ascontiguousarray(_to_numpy(res)).view(np.uint8)).hexdigest()[:16]
 
 
 def check_result(comm, res: np.ndarray, exact: np.ndarray, tolerance: float) -> list:
@@ -361,7 +374,9 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
     # accuracy: a fresh call (no residual), compared with the exact float64 sum
     fresh = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
                                check="first", seed=seed, **options)
-    rel, max_err = _errors(_to_numpy(fresh(x, "accuracy")), exact)
+    last_hash = result_hash(out)
+    fresh_out = fresh(x, "accuracy")
+    rel, max_err = _errors(_to_numpy(fresh_out), exact)
     return {
         "codec": reducer.codec.describe(), "algorithm": reducer.algorithm.describe(),
         "codec_name": reducer.codec.name, "algorithm_name": reducer.algorithm.name,
@@ -372,6 +387,7 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
         "rel_err": rel, "max_err": max_err, "error_feedback": reducer.feedback.enabled,
         "wrong": wrong if check else None, "check_failures": sorted(failures),
         "check_tolerance": tolerance,
+        "result_hash": last_hash, "fresh_hash": result_hash(fresh_out),
     }
 
 
