@@ -1,7 +1,6 @@
 """The public entry points: :class:`Allreducer` and :func:`allreduce`."""
 from __future__ import annotations
 
-import inspect
 import time
 from typing import Any, Dict, Optional
 
@@ -15,6 +14,7 @@ from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .errors import ConsistencyError, NonFiniteError
 from .feedback import ErrorFeedback, KeyState
 from .kernels.common import count_nonfinite
+from .options import resolve_options
 from .stats import CallStats, Stats
 from .validation import agree, check_local
 
@@ -36,29 +36,6 @@ def _private_comm(comm: MPI.Comm) -> MPI.Comm:
         dup.Set_name(f"hpccomm:{comm.Get_name()}")
         _DUPS[handle] = dup
     return dup
-
-
-def _split_options(codec_spec, algorithm_cls, options: dict):
-    """Route ``**options`` to the codec or the algorithm by parameter name."""
-    codec_opts, alg_opts = {}, {}
-    codec_params = set()
-    if isinstance(codec_spec, str):
-        from .codecs.base import _CODECS
-
-        cls = _CODECS.get(codec_spec)
-        if cls is not None:
-            codec_params = set(inspect.signature(cls.__init__).parameters) - {"self"}
-    alg_params = set(inspect.signature(algorithm_cls.__init__).parameters) - {
-        "self", "comm", "codec", "options"}
-    for name, value in options.items():
-        if name in codec_params:
-            codec_opts[name] = value
-        elif name in alg_params:
-            alg_opts[name] = value
-        else:
-            raise TypeError(f"unknown option {name!r} for codec {codec_spec!r} and algorithm "
-                            f"{algorithm_cls.name!r}")
-    return codec_opts, alg_opts
 
 
 class Allreducer:
@@ -114,9 +91,10 @@ class Allreducer:
         self.codec: Optional[Codec] = None
         self.algorithm: Optional[Algorithm] = None
         self.op, self.check, self.seed = op, check, int(seed)
-        # Construction errors are not raised here: they are raised, on every
-        # rank alike, by the first call (which is collective).
-        _, self._init_error = check_local(self._configure, codec, algorithm, op, error_feedback,
+        #: the error a bad configuration raises, or None.  Construction errors
+        #: are not raised here: the first call (which is collective) raises
+        #: them on every rank alike.
+        _, self.config_error = check_local(self._configure, codec, algorithm, op, error_feedback,
                                           check, gpu_aware, codec_options, algorithm_options,
                                           options)
 
@@ -128,7 +106,7 @@ class Allreducer:
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
         alg_cls = get_algorithm_class(algorithm)
-        codec_opts, alg_opts = _split_options(codec, alg_cls, options)
+        codec_opts, alg_opts = resolve_options(codec, algorithm, options)
         codec_opts.update(codec_options or {})
         alg_opts.update(algorithm_options or {})
         self.codec = get_codec(codec, **codec_opts)
@@ -216,7 +194,7 @@ class Allreducer:
         object and shape (written into ``out`` when given; ``out`` may be
         ``x`` itself)."""
         t0 = time.perf_counter()
-        err = self._init_error
+        err = self.config_error
         prepared = None
         if err is None:
             prepared, err = check_local(self._prepare, x, out, key)

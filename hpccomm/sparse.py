@@ -31,12 +31,13 @@ import numpy as np
 from mpi4py import MPI
 
 from .codecs.base import get_codec
-from .collectives.base import _ALGORITHMS, get_algorithm_class
+from .collectives.base import ALGORITHMS
 from .collectives.sparsebase import SparseAlgorithm, index_dtype
 from .core import _private_comm
 from .errors import NonFiniteError
 from .feedback import KeyState
 from .kernels import merge as K
+from .options import resolve_options
 from .stats import CallStats
 from .validation import agree, check_local
 
@@ -46,8 +47,7 @@ _MAX_N = 2 ** 63 - 1
 
 def sparse_algorithms() -> Tuple[str, ...]:
     """Names of the registered algorithms that take sparse input."""
-    return tuple(sorted(name for name, cls in _ALGORITHMS.items()
-                        if issubclass(cls, SparseAlgorithm)))
+    return tuple(name for name, cls in ALGORITHMS.items() if issubclass(cls, SparseAlgorithm))
 
 
 class SparseVector:
@@ -258,9 +258,10 @@ def _prepare(parent, sv, algorithm, result, out, state, stats, options):
         raise TypeError(f"state must be a hpccomm.feedback.KeyState, not {type(state).__name__}")
     if stats is not None and not isinstance(stats, CallStats):
         raise TypeError(f"stats must be a hpccomm.CallStats, not {type(stats).__name__}")
-    cls = get_algorithm_class(algorithm)
+    cls = ALGORITHMS.get(algorithm)
     if not issubclass(cls, SparseAlgorithm):
         raise ValueError(f"algorithm {algorithm!r} does not take sparse input; sparse "
                          f"algorithms: {', '.join(sparse_algorithms())}")
-    alg = cls(parent, get_codec("none"), **options)
+    _, alg_options = resolve_options(None, algorithm, options)
+    alg = cls(parent, get_codec("none"), **alg_options)
     return vec, alg

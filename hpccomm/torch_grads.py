@@ -26,9 +26,8 @@ view is restored: correct, at the cost of one copy.
 """
 from __future__ import annotations
 
-from typing import Iterable, Optional, Tuple, Union
+from typing import Iterable, Tuple, Union
 
-import numpy as np
 
 from .core import Allreducer
 from .fusion import plan_buckets

@@ -5,7 +5,7 @@ import argparse
 import numpy as np
 import pytest
 
-from hpccomm.bench.allreduce import parse_range, parse_size, sizes_from
+from hpccomm.bench.harness import parse_range, parse_size, sizes_from
 from hpccomm.buffers import (as_buffer, bf16_bits_to_f32, f32_to_bf16_bits, resolve_gpu_aware)
 from hpccomm.validation import _ranges, description_hash, explain_mismatch
 

@@ -5,7 +5,7 @@ import pytest
 import hpccomm
 from hpccomm.fusion import GradientBuckets, plan_buckets
 
-from .helpers import COMM, RANK, SIZE, rank_data, same_on_all_ranks
+from .helpers import COMM, SIZE, rank_data
 
 pytestmark = pytest.mark.mpi
 

@@ -28,54 +28,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import os
 import platform
-import re
 import sys
 import time
-from typing import List, Tuple
 
 import numpy as np
 
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]?)(i?[bB]?)\s*$")
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
-
-
-def parse_size(text: str) -> int:
-    """'4K' / '4KiB' / '1M' / '4096' -> bytes (binary units)."""
-    m = _SIZE_RE.match(text)
-    if not m:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4096, 4K, 64M)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
-
-def parse_range(text: str) -> Tuple[int, int]:
-    if ":" in text:
-        lo, hi = text.split(":", 1)
-        lo_b = parse_size(lo) if lo else 4
-        hi_b = parse_size(hi)
-    else:
-        lo_b = 4
-        hi_b = parse_size(text)
-    if lo_b < 4 or hi_b < lo_b:
-        raise argparse.ArgumentTypeError(f"bad size range {text!r}: need 4 <= MIN <= MAX")
-    return lo_b, hi_b
-
-
-def fmt_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.4g}{unit}"
-        n /= 1024.0
-    return f"{n}"
-
-
-def sizes_from(lo: int, hi: int, factor: float) -> List[int]:
-    out, s = [], lo
-    while s <= hi:
-        out.append(int(s) // 4 * 4)
-        s = s * factor
-    return sorted(set(max(4, v) for v in out))
+from .harness import (case_options, empty_like, fmt_bytes, make_buffer, mpi_library,
+                      parse_options, parse_range, sizes_from, slowest_rank, to_numpy)
 
 
 def default_iterations(nbytes: int) -> int:
@@ -134,63 +94,6 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _option_value(text: str):
-    for conv in (int, float):
-        try:
-            return conv(text)
-        except ValueError:
-            pass
-    if text.lower() in ("true", "false"):
-        return text.lower() == "true"
-    if text.lower() == "none":
-        return None
-    return text
-
-
-def parse_options(items) -> dict:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise SystemExit(f"--option takes KEY=VALUE, not {item!r}")
-        k, v = item.split("=", 1)
-        out[k.strip()] = _option_value(v.strip())
-    return out
-
-
-def accepted_params(codec, algorithm: str) -> set:
-    """Option names the algorithm (and the codec, when one is named) takes."""
-    import inspect
-
-    from ..codecs.base import _CODECS
-    from ..collectives.base import get_algorithm_class
-
-    taken = set(inspect.signature(get_algorithm_class(algorithm).__init__).parameters)
-    if codec in _CODECS:
-        taken |= set(inspect.signature(_CODECS[codec].__init__).parameters)
-    return taken - {"self", "comm", "codec", "options"}
-
-
-def case_options(codec: str, algorithm: str, options: dict) -> dict:
-    """The options of one (codec, algorithm) case: ``KEY`` applies where the codec
-    or the algorithm takes it, ``CODEC.KEY`` / ``ALGORITHM.KEY`` to that one only."""
-    taken = accepted_params(codec, algorithm)
-    out = {}
-    for key, value in options.items():
-        scope, _, name = key.rpartition(".")
-        if scope and scope not in (codec, algorithm):
-            continue
-        if name in taken:
-            out[name] = value
-    return out
-
-
-def mpi_library() -> str:
-    from mpi4py import MPI
-
-    text = MPI.Get_library_version().strip().splitlines()[0]
-    return re.sub(r"\s+", " ", text)
-
-
 class Progress:
     """A one-line progress bar on rank 0's stderr (only when it is a terminal)."""
 
@@ -222,49 +125,6 @@ def _errors(res, exact):
     return rel, max_err
 
 
-def _slowest(comm, times):
-    from mpi4py import MPI
-
-    slowest = np.empty_like(times)
-    comm.Allreduce(times, slowest, op=MPI.MAX)
-    return slowest
-
-
-def _empty_like(x):
-    mod = type(x).__module__
-    if mod.startswith("torch"):
-        import torch
-
-        return torch.empty_like(x)
-    if mod.startswith("cupy"):
-        import cupy
-
-        return cupy.empty_like(x)
-    return np.empty_like(x)
-
-
-def _to_numpy(x):
-    mod = type(x).__module__
-    if mod.startswith("torch"):
-        return x.detach().cpu().numpy()
-    if mod.startswith("cupy"):
-        return x.get()
-    return x
-
-
-def make_buffer(x: np.ndarray, kind: str):
-    """The benchmark input as the requested buffer type."""
-    if kind == "torch":
-        import torch
-
-        return torch.from_numpy(x)
-    if kind == "cupy":
-        import cupy
-
-        return cupy.asarray(x)
-    return x
-
-
 def run_raw(comm, x, exact, iters, warmup):
     """The baseline: ``comm.Allreduce(x, out, MPI.SUM)`` called directly (device
     buffers go to MPI as they are: this needs CUDA-aware MPI for cupy)."""
@@ -272,7 +132,7 @@ def run_raw(comm, x, exact, iters, warmup):
 
     from ..buffers import mpi_cuda_support
 
-    out = _empty_like(x)
+    out = empty_like(x)
     if type(x).__module__.startswith("cupy") and not mpi_cuda_support():
         host_in, host_out = np.empty(x.size, np.float32), np.empty(x.size, np.float32)
 
@@ -291,8 +151,8 @@ def run_raw(comm, x, exact, iters, warmup):
         t0 = time.perf_counter()
         allreduce()
         times[it] = time.perf_counter() - t0
-    slowest = _slowest(comm, times)
-    rel, max_err = _errors(_to_numpy(out), exact)
+    slowest = slowest_rank(comm, times)
+    rel, max_err = _errors(to_numpy(out), exact)
     p = comm.Get_size()
     digest = result_hash(out)
     return {
@@ -313,7 +173,7 @@ def result_hash(res) -> str:
     bit-identical results (the JSON's ``result_hash`` / ``fresh_hash``)."""
     import hashlib
 
-    return hashlib.sha256(np.ascontiguousarray(_to_numpy(res)).view(np.uint8)).hexdigest()[:16]
+    return hashlib.sha256(np.ascontiguousarray(to_numpy(res)).view(np.uint8)).hexdigest()[:16]
 
 
 def check_result(comm, res: np.ndarray, exact: np.ndarray, tolerance: float) -> list:
@@ -345,7 +205,7 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
 
     reducer = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
                                  check="first", seed=seed, **options)
-    out = _empty_like(x)
+    out = empty_like(x)
     key = "bench"
     for _ in range(warmup):
         reducer(x, key, out=out)
@@ -364,10 +224,10 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
         phases[it] = (last.t_encode, last.t_comm, last.t_decode)
         sent[it] = last.bytes_sent
         if check:  # outside the timed region
-            failed = check_result(comm, _to_numpy(out), exact, tolerance)
+            failed = check_result(comm, to_numpy(out), exact, tolerance)
             wrong += bool(failed)
             failures.update(failed)
-    slowest = _slowest(comm, times)
+    slowest = slowest_rank(comm, times)
     local = np.array([*np.median(phases, axis=0), np.max(sent)], dtype=np.float64)
     worst = np.empty_like(local)
     comm.Allreduce(local, worst, op=MPI.MAX)
@@ -376,7 +236,7 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
                                check="first", seed=seed, **options)
     last_hash = result_hash(out)
     fresh_out = fresh(x, "accuracy")
-    rel, max_err = _errors(_to_numpy(fresh_out), exact)
+    rel, max_err = _errors(to_numpy(fresh_out), exact)
     return {
         "codec": reducer.codec.describe(), "algorithm": reducer.algorithm.describe(),
         "codec_name": reducer.codec.name, "algorithm_name": reducer.algorithm.name,
@@ -422,7 +282,7 @@ def main(argv=None) -> int:
             # construction errors of an Allreducer wait for its first (collective) call;
             # here every rank checks the same thing locally and skips alike
             reducer = hpccomm.Allreducer(comm, codec=c, algorithm=a, **case_options(c, a, options))
-            exc = reducer._init_error
+            exc = reducer.config_error
             if exc is not None:
                 skipped.append(f"{c}+{a}: {exc}")
                 continue

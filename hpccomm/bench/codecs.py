@@ -19,7 +19,8 @@ import time
 
 import numpy as np
 
-from .allreduce import parse_options, parse_size
+from ..options import resolve_options
+from .harness import parse_options, parse_size
 
 DEFAULT_OPTIONS = {
     "threshold": {"alpha": 2.5},
@@ -83,12 +84,18 @@ def main(argv=None) -> int:
     numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
     names = [c.strip() for c in args.codec.split(",")] if args.codec else list(
         hpccomm.available_codecs())
-    per_codec = {k: dict(v) for k, v in DEFAULT_OPTIONS.items()}
-    for k, v in parse_options(args.option).items():
+    options = parse_options(args.option)
+    for k in options:
         if "." not in k:
             raise SystemExit(f"--option takes CODEC.KEY=VALUE, not {k!r}")
-        c, key = k.split(".", 1)
-        per_codec.setdefault(c, {})[key] = v
+    per_codec = {}
+    for name in names:
+        taken, _ = resolve_options(name, None, options, strict=False)
+        per_codec[name] = {**DEFAULT_OPTIONS.get(name, {}), **taken}
+    unused = [k for k in options
+              if not any(resolve_options(c, None, {k: None}, strict=False)[0] for c in names)]
+    if unused:
+        raise SystemExit(f"option(s) {', '.join(unused)} taken by none of the codecs")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
     rows = []
     print("# hpccomm codec benchmark: GB/s of float32 input, median of "

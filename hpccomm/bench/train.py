@@ -37,6 +37,9 @@ from typing import Dict, List
 
 import numpy as np
 
+from ..options import resolve_options
+from .harness import case_options, parse_options
+
 
 # --------------------------------------------------------------------------- data
 def load_dataset(name: str, samples: int = 5000):
@@ -152,11 +155,8 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
         # non-zero.  DGC's accumulation is the error feedback.
         ef = False
         dgc_ratio = float(options.pop("ratio", 0.001))
-        from .allreduce import accepted_params
-
-        transport_params = accepted_params(None, algorithm)
         transport = "topk"
-        options = {k: v for k, v in options.items() if k in transport_params}
+        _, options = resolve_options(None, algorithm, options, strict=False)
         options["ratio"] = 1.0
     reducer = hpccomm.Allreducer(comm, codec=transport, algorithm=algorithm, op="mean",
                                  error_feedback=ef, seed=seed, **options)
@@ -305,8 +305,6 @@ def main(argv=None) -> int:
     rank, size = comm.Get_rank(), comm.Get_size()
     numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
     args.hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
-    from .allreduce import case_options, parse_options
-
     all_options = parse_options(args.option)
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
     for c in codecs:

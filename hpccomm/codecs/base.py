@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import NonFiniteError, PacketError
 from ..kernels.common import count_nonfinite
+from ..registry import Registry
 
 MAGIC = b"HC"
 HEADER = np.dtype([("magic", "S2"), ("version", "<u1"), ("codec", "<u1"), ("extra", "<u4"),
@@ -261,25 +262,16 @@ class Codec:
 # ---------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------
-_CODECS: Dict[str, Type[Codec]] = {}
-
-
-def register_codec(cls: Type[Codec]) -> Type[Codec]:
-    """Class decorator: make ``cls`` selectable by ``cls.name``."""
-    if not cls.name:
-        raise ValueError("codec classes need a name")
-    other = _CODECS.get(cls.name)
-    if other is not None and other is not cls:
-        raise ValueError(f"codec name {cls.name!r} is already taken by {other.__qualname__}")
-    for existing in _CODECS.values():
+def _unique_id(cls: Type[Codec], registered: Dict[str, Type[Codec]]) -> None:
+    for existing in registered.values():
         if existing.codec_id == cls.codec_id and existing is not cls and existing.name != cls.name:
             raise ValueError(f"codec id {cls.codec_id} is already taken by {existing.name!r}")
-    _CODECS[cls.name] = cls
-    return cls
 
 
-def available_codecs() -> Tuple[str, ...]:
-    return tuple(sorted(_CODECS))
+#: every codec, by name
+CODECS = Registry("codec", check=_unique_id)
+register_codec = CODECS.register
+available_codecs = CODECS.names
 
 
 def get_codec(spec, **params) -> Codec:
@@ -290,7 +282,4 @@ def get_codec(spec, **params) -> Codec:
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"codec must be a name or a Codec, not {type(spec).__name__}")
-    cls = _CODECS.get(spec)
-    if cls is None:
-        raise ValueError(f"unknown codec {spec!r}; available: {', '.join(available_codecs())}")
-    return cls(**params)
+    return CODECS.get(spec)(**params)

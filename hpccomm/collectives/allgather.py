@@ -8,7 +8,6 @@ so every rank computes the same bits.  Received bytes per rank:
 ``(P-1) * C(n)``; decode work grows with ``P`` too.  Worth it when packets are
 tiny (strong sparsification) or ``P`` is small.
 """
-import numpy as np
 
 from .base import Algorithm, register_algorithm
 from .exchange import allgatherv_bytes

@@ -19,13 +19,14 @@ order and owners use their decoded results exactly as the other ranks do.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Dict, Tuple, Type
+from typing import ClassVar, Dict, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..codecs.base import Codec, EncodeContext
 from ..feedback import ErrorFeedback, KeyState
+from ..registry import Registry
 from ..stats import CallStats
 
 
@@ -99,28 +100,8 @@ class Algorithm:
         raise NotImplementedError
 
 
-_ALGORITHMS: Dict[str, Type[Algorithm]] = {}
-
-
-def register_algorithm(cls: Type[Algorithm]) -> Type[Algorithm]:
-    """Class decorator: make ``cls`` selectable by ``cls.name``."""
-    if not cls.name:
-        raise ValueError("algorithm classes need a name")
-    other = _ALGORITHMS.get(cls.name)
-    if other is not None and other is not cls:
-        raise ValueError(f"algorithm name {cls.name!r} is already taken by {other.__qualname__}")
-    _ALGORITHMS[cls.name] = cls
-    return cls
-
-
-def available_algorithms() -> Tuple[str, ...]:
-    return tuple(sorted(_ALGORITHMS))
-
-
-def get_algorithm_class(name: str) -> Type[Algorithm]:
-    if not isinstance(name, str):
-        raise TypeError(f"algorithm must be a name, not {type(name).__name__}")
-    cls = _ALGORITHMS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown algorithm {name!r}; available: {', '.join(available_algorithms())}")
-    return cls
+#: every algorithm, by name
+ALGORITHMS = Registry("algorithm", not_options=("comm", "codec"))
+register_algorithm = ALGORITHMS.register
+available_algorithms = ALGORITHMS.names
+get_algorithm_class = ALGORITHMS.get

@@ -2,7 +2,6 @@
 fallback.  Carries only ``codec="none"``; reduces float32 and float64 natively
 and device buffers directly when MPI is CUDA-aware.
 """
-import numpy as np
 from mpi4py import MPI
 
 from .base import Algorithm, register_algorithm

@@ -1,0 +1,135 @@
+"""What every benchmark command shares: sizes and options on the command
+line, routing options to each (codec, algorithm) case, the buffer kinds the
+benchmarks hand to the collectives, and the slowest-rank timing rule.
+"""
+from __future__ import annotations
+
+import argparse
+import re
+from typing import List, Tuple
+
+import numpy as np
+
+from ..options import resolve_options
+
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgKMG]?)(i?[bB]?)\s*$")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    """'4K' / '4KiB' / '1M' / '4096' -> bytes (binary units)."""
+    m = _SIZE_RE.match(text)
+    if not m:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use e.g. 4096, 4K, 64M)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_range(text: str) -> Tuple[int, int]:
+    if ":" in text:
+        lo, hi = text.split(":", 1)
+        lo_b = parse_size(lo) if lo else 4
+        hi_b = parse_size(hi)
+    else:
+        lo_b = 4
+        hi_b = parse_size(text)
+    if lo_b < 4 or hi_b < lo_b:
+        raise argparse.ArgumentTypeError(f"bad size range {text!r}: need 4 <= MIN <= MAX")
+    return lo_b, hi_b
+
+
+def fmt_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.4g}{unit}"
+        n /= 1024.0
+    return f"{n}"
+
+
+def sizes_from(lo: int, hi: int, factor: float) -> List[int]:
+    out, s = [], lo
+    while s <= hi:
+        out.append(int(s) // 4 * 4)
+        s = s * factor
+    return sorted(set(max(4, v) for v in out))
+
+
+def option_value(text: str):
+    for conv in (int, float):
+        try:
+            return conv(text)
+        except ValueError:
+            pass
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if text.lower() == "none":
+        return None
+    return text
+
+
+def parse_options(items) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise SystemExit(f"--option takes KEY=VALUE, not {item!r}")
+        k, v = item.split("=", 1)
+        out[k.strip()] = option_value(v.strip())
+    return out
+
+
+def case_options(codec, algorithm: str, options: dict) -> dict:
+    """The options of one (codec, algorithm) case, merged into one dict:
+    ``KEY`` applies where the codec or the algorithm takes it,
+    ``CODEC.KEY`` / ``ALGORITHM.KEY`` to that one only
+    (:func:`hpccomm.options.resolve_options`, not strict)."""
+    codec_opts, alg_opts = resolve_options(codec, algorithm, options, strict=False)
+    return {**codec_opts, **alg_opts}
+
+
+def mpi_library() -> str:
+    from mpi4py import MPI
+
+    text = MPI.Get_library_version().strip().splitlines()[0]
+    return re.sub(r"\s+", " ", text)
+
+
+def slowest_rank(comm, times):
+    from mpi4py import MPI
+
+    slowest = np.empty_like(times)
+    comm.Allreduce(times, slowest, op=MPI.MAX)
+    return slowest
+
+
+def empty_like(x):
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        import torch
+
+        return torch.empty_like(x)
+    if mod.startswith("cupy"):
+        import cupy
+
+        return cupy.empty_like(x)
+    return np.empty_like(x)
+
+
+def to_numpy(x):
+    mod = type(x).__module__
+    if mod.startswith("torch"):
+        return x.detach().cpu().numpy()
+    if mod.startswith("cupy"):
+        return x.get()
+    return x
+
+
+def make_buffer(x: np.ndarray, kind: str):
+    """The benchmark input as the requested buffer type."""
+    if kind == "torch":
+        import torch
+
+        return torch.from_numpy(x)
+    if kind == "cupy":
+        import cupy
+
+        return cupy.asarray(x)
+    return x
