@@ -11,6 +11,8 @@ from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_b
                       resolve_gpu_aware)
 from .codecs.base import Codec, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
+from .collectives.transport import Transport
+from .communicators import private_comm
 from .errors import ConsistencyError, NonFiniteError
 from .feedback import ErrorFeedback, KeyState
 from .kernels.common import count_nonfinite
@@ -20,23 +22,6 @@ from .validation import agree, check_local
 
 OPS = ("sum", "mean")
 CHECKS = ("always", "first", "never")
-
-# One private duplicate of each user communicator, shared by every Allreducer
-# built on it, so that hpccomm's point-to-point traffic can never match the
-# user's receives.  Created collectively, on the first call that passed
-# validation, in the same order on every rank.
-_DUPS: Dict[int, MPI.Comm] = {}
-
-
-def _private_comm(comm: MPI.Comm) -> MPI.Comm:
-    handle = comm.py2f()
-    dup = _DUPS.get(handle)
-    if dup is None or dup == MPI.COMM_NULL:
-        dup = comm.Dup()
-        dup.Set_name(f"hpccomm:{comm.Get_name()}")
-        _DUPS[handle] = dup
-    return dup
-
 
 class Allreducer:
     """A configured compressed allreduce that keeps state per tensor key.
@@ -209,8 +194,7 @@ class Allreducer:
         elif err is not None:
             raise err
         if self._comm is None:
-            self._comm = _private_comm(self.parent)
-            self.algorithm.comm = self._comm
+            self._comm = private_comm(self.parent)
         buf, obuf = prepared
         state = self._states.get(key) if key is not None else None
         if state is None:
@@ -218,12 +202,12 @@ class Allreducer:
             if key is not None:
                 self._states[key] = state
         call = CallStats(key=key or "", n=buf.size)
-        ctx = ReduceContext(feedback=self.feedback, seed=self.seed, step=state.step,
-                            shape=buf.shape)
+        ctx = ReduceContext(net=Transport(self._comm, call), feedback=self.feedback,
+                            seed=self.seed, step=state.step, shape=buf.shape)
         if buf.on_device:
-            result = self._reduce_device(buf, obuf, state, call, ctx)
+            result = self._reduce_device(buf, obuf, state, ctx)
         else:
-            result = self._reduce_host(buf, obuf, buf.host, state, call, ctx)
+            result = self._reduce_host(buf, obuf, buf.host, state, ctx)
             result = buf.wrap(result) if obuf is None else obuf.obj
         state.step += 1
         call.t_total = time.perf_counter() - t0
@@ -234,7 +218,7 @@ class Allreducer:
         if self.op == "mean" and self.size > 1:
             np.divide(arr, arr.dtype.type(self.size), out=arr)
 
-    def _reduce_host(self, buf: Buffer, obuf: Optional[Buffer], src: np.ndarray, state, call, ctx):
+    def _reduce_host(self, buf: Buffer, obuf: Optional[Buffer], src: np.ndarray, state, ctx):
         """Reduce host data ``src`` (flat, in ``buf.dtype``); return the flat
         result in ``buf.dtype`` (written into ``obuf`` when given)."""
         dest = obuf.host if obuf is not None else None
@@ -248,8 +232,8 @@ class Allreducer:
         else:  # float16 / bfloat16 -> float32 work arrays
             x = bf16_bits_to_f32(src) if buf.dtype == "bfloat16" else src.astype(np.float32)
             res = np.empty(buf.size, dtype=np.float32)
-        call.nbytes = x.nbytes
-        self.algorithm.reduce(x, res, state, call, ctx)
+        ctx.call.nbytes = x.nbytes
+        self.algorithm.reduce(x, res, state, ctx)
         self._finish_mean(res)
         if native:
             return res
@@ -260,14 +244,14 @@ class Allreducer:
             final[...] = res
         return final
 
-    def _reduce_device(self, buf: Buffer, obuf: Optional[Buffer], state, call, ctx):
-        backend = buf.backend
+    def _reduce_device(self, buf: Buffer, obuf: Optional[Buffer], state, ctx):
+        backend, call = buf.backend, ctx.call
         backend.synchronize(buf.device)
         result_dev = obuf.device if obuf is not None else backend.empty_like(buf.device)
         if (self.gpu_aware and self.algorithm.supports_device
                 and buf.dtype in self.algorithm.dtypes):
             call.nbytes = buf.size * np.dtype(buf.dtype).itemsize
-            self.algorithm.reduce_device(buf.device, result_dev, backend, state, call, ctx)
+            self.algorithm.reduce_device(buf.device, result_dev, backend, state, ctx)
             if self.op == "mean" and self.size > 1:
                 backend.divide(result_dev, self.size)
         else:
@@ -281,7 +265,7 @@ class Allreducer:
             host_out = self._staging.get("out", buf.size * itemsize, backend).view(host_dtype)
             obuf_host = Buffer(obj=None, kind="numpy", shape=buf.shape, dtype=buf.dtype,
                                size=buf.size, host=host_out)
-            self._reduce_host(hbuf, obuf_host, host_in, state, call, ctx)
+            self._reduce_host(hbuf, obuf_host, host_in, state, ctx)
             with call.time("comm"):
                 backend.from_host(host_out, result_dev)
             call.extra["staged"] = True

@@ -33,7 +33,8 @@ from mpi4py import MPI
 from .codecs.base import get_codec
 from .collectives.base import ALGORITHMS
 from .collectives.sparsebase import SparseAlgorithm, index_dtype
-from .core import _private_comm
+from .communicators import private_comm
+from .collectives.transport import Transport
 from .errors import NonFiniteError
 from .feedback import KeyState
 from .kernels import merge as K
@@ -222,17 +223,17 @@ def sparse_allreduce(sv: Union[SparseVector, tuple], comm: Optional[MPI.Comm] = 
         vec, alg = prepared
         desc = f"n={vec.n} algorithm={alg.describe()} result={result}"
     agree(parent, desc, err)
-    alg.comm = _private_comm(parent)
     call = stats if stats is not None else CallStats()
+    net = Transport(private_comm(parent), call)
     call.n = vec.n
     call.nbytes = 4 * vec.n
     state = state if state is not None else KeyState()
     if result == "dense":
         if out is None:
             out = np.empty(vec.n, dtype=np.float32)
-        alg.reduce_sparse(vec.indices, vec.values, vec.n, state, call, out)
+        alg.reduce_sparse(vec.indices, vec.values, vec.n, state, net, out)
         return out
-    idx, vals = alg.reduce_sparse(vec.indices, vec.values, vec.n, state, call, None)
+    idx, vals = alg.reduce_sparse(vec.indices, vec.values, vec.n, state, net, None)
     return SparseVector._trusted(idx.astype(index_dtype(vec.n), copy=False), vals, vec.n)
 
 

@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """Run hpccomm's whole test suite: plain pytest, then the MPI tests under
 ``mpiexec -n K`` for several rank counts (and the tests marked ``wide`` at
-6, 7 and 8 ranks too).
+6, 7 and 8 ranks too), then the tests marked ``slow`` (messages beyond 2 GiB)
+once, at 2 ranks.
 
-    python tests/run.py [--ranks 1,2,3,4,5] [--wide-ranks 6,7,8] [--timeout 900] [-- pytest args]
+    python tests/run.py [--ranks 1,2,3,4,5] [--wide-ranks 6,7,8] [--slow-ranks 2]
+                        [--timeout 900] [-- pytest args]
 
 Every mpiexec is wrapped in a timeout, and each test has its own
 (pytest-timeout, thread method: a hung rank dumps its stacks and exits, so
@@ -73,6 +75,8 @@ def main():
                     help="comma-separated rank counts for the MPI tests (default 1,2,3,4,5)")
     ap.add_argument("--wide-ranks", default=os.environ.get("HPCCOMM_TEST_WIDE_RANKS", "6,7,8"),
                     help="rank counts for the tests marked 'wide' (default 6,7,8)")
+    ap.add_argument("--slow-ranks", default=os.environ.get("HPCCOMM_TEST_SLOW_RANKS", "2"),
+                    help="rank counts for the tests marked 'slow' (default 2; empty: skip them)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per mpiexec run")
     ap.add_argument("--test-timeout", type=int, default=240, help="seconds per test")
     ap.add_argument("--no-plain", action="store_true", help="skip the non-MPI tests")
@@ -99,12 +103,17 @@ def main():
     for k in [int(v) for v in args.ranks.split(",") if v.strip()]:
         label = f"mpi-n{k}"
         cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
-               *base, "-m", "mpi", "--with-mpi"]
+               *base, "-m", "mpi and not slow", "--with-mpi"]
         results.append((label,) + run(label, cmd, args.timeout, env))
     for k in [int(v) for v in args.wide_ranks.split(",") if v.strip()]:
         label = f"wide-n{k}"
         cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
-               *base, "-m", "mpi and wide", "--with-mpi"]
+               *base, "-m", "mpi and wide and not slow", "--with-mpi"]
+        results.append((label,) + run(label, cmd, args.timeout, env))
+    for k in [int(v) for v in args.slow_ranks.split(",") if v.strip()]:
+        label = f"slow-n{k}"
+        cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
+               *base, "-m", "mpi and slow", "--with-mpi"]
         results.append((label,) + run(label, cmd, args.timeout, env))
     print("\n### summary")
     failed_runs = []

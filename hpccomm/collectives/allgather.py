@@ -10,15 +10,14 @@ tiny (strong sparsification) or ``P`` is small.
 """
 
 from .base import Algorithm, register_algorithm
-from .exchange import allgatherv_bytes
 
 
 @register_algorithm
 class AllgatherAllreduce(Algorithm):
     name = "allgather"
 
-    def reduce(self, x, out, state, call, ctx):
-        codec, P, r = self.codec, self.size, self.rank
+    def reduce(self, x, out, state, ctx):
+        codec, call, P, r = self.codec, ctx.call, self.size, self.rank
         fb = ctx.feedback
         v = fb.compensate(state, "worker", x)
         with call.time("encode"):
@@ -29,8 +28,7 @@ class AllgatherAllreduce(Algorithm):
             fb.update(state, "worker", v, out)
             return
         size = codec.wire_size(x.size) if codec.fixed_size else None
-        packets = allgatherv_bytes(self.comm, packet, call,
-                                   [size] * P if size is not None else None)
+        packets = ctx.net.allgatherv(packet, [size] * P if size is not None else None)
         with call.time("decode"):
             out[...] = 0
             for src in range(P):

@@ -1,24 +1,25 @@
 """The algorithm protocol and registry.
 
 An algorithm moves packets between ranks.  It is built once per
-:class:`~hpccomm.Allreducer` from a communicator and a codec and then called as
-``reduce(x, out, state, call, ctx)``:
+:class:`~hpccomm.Allreducer` from a communicator (for its rank and size) and a
+codec, and then called as ``reduce(x, out, state, ctx)``:
 
 * ``x`` -- this rank's contribution, a flat contiguous float32 (float64 for
   algorithms that list it in ``dtypes``) numpy array; it must not be modified;
 * ``out`` -- where the **sum** over ranks goes (same size and dtype);
   ``op="mean"`` is applied by the caller, once, afterwards;
 * ``state`` -- the key's :class:`~hpccomm.feedback.KeyState` (residuals, caches);
-* ``call`` -- the :class:`~hpccomm.stats.CallStats` to fill in;
-* ``ctx`` -- a :class:`~hpccomm.collectives.base.ReduceContext` (error
-  feedback, step, seed).
+* ``ctx`` -- a :class:`~hpccomm.collectives.base.ReduceContext`: the call's
+  :class:`~hpccomm.collectives.transport.Transport` (``ctx.net``, through which
+  every MPI call goes; ``ctx.call`` is its
+  :class:`~hpccomm.stats.CallStats`), error feedback, step and seed.
 
 Every rank must produce the same bits in ``out``: sums are taken in a fixed
 order and owners use their decoded results exactly as the other ranks do.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Tuple
 
 import numpy as np
@@ -28,15 +29,22 @@ from ..codecs.base import Codec, EncodeContext
 from ..feedback import ErrorFeedback, KeyState
 from ..registry import Registry
 from ..stats import CallStats
+from .transport import Transport
 
 
 @dataclass
 class ReduceContext:
-    feedback: ErrorFeedback
+    #: the call's MPI calls and their accounting
+    net: Transport
+    feedback: ErrorFeedback = field(default_factory=lambda: ErrorFeedback(False))
     seed: int = 0
     step: int = 0
     #: the user's tensor shape (per-column codecs take their column length from it)
     shape: tuple = ()
+
+    @property
+    def call(self) -> CallStats:
+        return self.net.call
 
     def encode_context(self, rank: int, offset: int = 0) -> EncodeContext:
         return EncodeContext(seed=self.seed, rank=rank, step=self.step, offset=offset,
@@ -66,7 +74,6 @@ class Algorithm:
     def __init__(self, comm: MPI.Comm, codec: Codec, **options):
         if options:
             raise TypeError(f"algorithm {self.name!r} takes no options {sorted(options)}")
-        self.comm = comm
         self.codec = codec
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
@@ -92,11 +99,11 @@ class Algorithm:
         p = ",".join(f"{k}={v}" for k, v in sorted(self.params().items()))
         return f"{self.name}({p})"
 
-    def reduce(self, x: np.ndarray, out: np.ndarray, state: KeyState, call: CallStats,
+    def reduce(self, x: np.ndarray, out: np.ndarray, state: KeyState,
                ctx: ReduceContext) -> None:
         raise NotImplementedError
 
-    def reduce_device(self, x, out, backend, state, call, ctx) -> None:  # pragma: no cover
+    def reduce_device(self, x, out, backend, state, ctx) -> None:  # pragma: no cover
         raise NotImplementedError
 
 

@@ -68,11 +68,10 @@ import math
 from typing import List, Optional, Tuple
 
 import numpy as np
-from mpi4py import MPI
 
 from ..kernels import merge as K
 from .base import register_algorithm
-from .sparsebase import SparseAlgorithm, index_dtype, sendrecv_bytes
+from .sparsebase import SparseAlgorithm, index_dtype
 
 ALPHA = 20e-6          #: modelled seconds per message
 BETA = 1.0 / 1.25e9    #: modelled seconds per byte
@@ -200,7 +199,8 @@ class Kylix(SparseAlgorithm):
         base = self.rank - pos * c
         return [base + j * c for j in range(k)], pos
 
-    def _exchange_parts(self, parts, members, pos, call, recv_sizes=None):
+    @staticmethod
+    def _exchange_parts(net, parts, members, pos, recv_sizes=None):
         """Pairwise exchange inside a group: ``parts[j]`` (uint8) goes to
         position ``j``; returns what each position sent (own part kept)."""
         k = len(members)
@@ -208,8 +208,8 @@ class Kylix(SparseAlgorithm):
         got[pos] = parts[pos]
         for s in range(1, k):
             dst, src = (pos + s) % k, (pos - s) % k
-            got[src] = sendrecv_bytes(self.comm, parts[dst], members[dst], members[src], call,
-                                      None if recv_sizes is None else recv_sizes[src])
+            got[src] = net.sendrecv(parts[dst], members[dst], members[src],
+                                    None if recv_sizes is None else recv_sizes[src])
         return got
 
     # ------------------------------------------------------------ config
@@ -220,9 +220,9 @@ class Kylix(SparseAlgorithm):
         h.update(idx.view(np.uint8).data)
         return h.digest()
 
-    def configure(self, idx: np.ndarray, n: int, nnz_total: int, key: bytes, call) -> _Config:
+    def configure(self, idx: np.ndarray, n: int, nnz_total: int, key: bytes, net) -> _Config:
         """Build the routing tables for this rank's (sorted) index set ``idx``."""
-        P = self.size
+        P, call = self.size, net.call
         idt = index_dtype(n)
         degrees = self.degrees if self.degrees is not None else choose_degrees(P, n, nnz_total)
         with call.time("encode"):
@@ -240,7 +240,7 @@ class Kylix(SparseAlgorithm):
             bounds = [lo + (hi - lo) * j // k for j in range(k + 1)]
             cuts = np.searchsorted(current, np.asarray(bounds, dtype=np.int64))
             parts = [current[cuts[j]:cuts[j + 1]].view(np.uint8) for j in range(k)]
-            got = self._exchange_parts(parts, members, pos, call)
+            got = self._exchange_parts(net, parts, members, pos)
             with call.time("encode"):
                 union, maps = union_with_maps([g.view(idt) for g in got])
             layers.append(_Layer(members, pos, cuts, maps, union.size))
@@ -248,7 +248,7 @@ class Kylix(SparseAlgorithm):
             lo, hi, c = bounds[pos], bounds[pos + 1], c * k
         for layer in reversed(layers):
             k = len(layer.members)
-            got = self._exchange_parts([current.view(np.uint8)] * k, layer.members, layer.pos, call)
+            got = self._exchange_parts(net, [current.view(np.uint8)] * k, layer.members, layer.pos)
             pieces = [g.view(idt) for g in got]
             layer.up_sizes = [p.size for p in pieces]
             current = np.concatenate(pieces)
@@ -261,22 +261,18 @@ class Kylix(SparseAlgorithm):
         return _Config(key, degrees, order, layers, union, union_order)
 
     # ------------------------------------------------------------ reduce
-    def reduce_sparse(self, idx, vals, n, state, call, out=None):
-        P = self.size
+    def reduce_sparse(self, idx, vals, n, state, net, out=None):
+        P, call = self.size, net.call
         key = self._config_key(idx, n)
         cached = state.cache.get(CACHE_KEY)
         changed = 0 if isinstance(cached, _Config) and cached.key == key else 1
         flags = np.array([changed, idx.size], dtype=np.int64)
         if P > 1:
-            with call.time("comm"):
-                self.comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.SUM)
-            hops = (P - 1).bit_length()
-            call.sent(16 * hops)
-            call.received(16 * hops)
+            net.allreduce(flags)
         if flags[0] == 0:
             config = cached
         else:
-            config = self.configure(idx, n, int(flags[1]), key, call)
+            config = self.configure(idx, n, int(flags[1]), key, net)
             state.cache[CACHE_KEY] = config
         call.extra["config_cached"] = bool(flags[0] == 0)
         call.extra["degrees"] = config.degrees
@@ -284,7 +280,7 @@ class Kylix(SparseAlgorithm):
         for layer in config.layers:
             k = len(layer.members)
             parts = [v[layer.cuts[j]:layer.cuts[j + 1]].view(np.uint8) for j in range(k)]
-            got = self._exchange_parts(parts, layer.members, layer.pos, call,
+            got = self._exchange_parts(net, parts, layer.members, layer.pos,
                                        [4 * m.size for m in layer.maps])
             with call.time("decode"):
                 acc = np.zeros(layer.size, dtype=np.float32)
@@ -293,7 +289,7 @@ class Kylix(SparseAlgorithm):
             v = acc
         for layer in reversed(config.layers):
             k = len(layer.members)
-            got = self._exchange_parts([v.view(np.uint8)] * k, layer.members, layer.pos, call,
+            got = self._exchange_parts(net, [v.view(np.uint8)] * k, layer.members, layer.pos,
                                        [4 * s for s in layer.up_sizes])
             v = np.concatenate([g.view(np.float32) for g in got])
         with call.time("decode"):

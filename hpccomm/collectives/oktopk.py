@@ -32,7 +32,6 @@ evenly over the index space the ranges come out near equal widths, for
 skewed inputs each owner gets about ``1/P`` of the pairs instead of all.
 """
 import numpy as np
-from mpi4py import MPI
 
 from .base import chunk_bounds, register_algorithm
 from .sparse_split import SparseSplitAllgather
@@ -44,7 +43,7 @@ _INT64_MAX = 2 ** 63 - 1
 class OkTopkSplit(SparseSplitAllgather):
     name = "oktopk"
 
-    def boundaries(self, idx, n, call):
+    def boundaries(self, idx, n, net):
         P = self.size
         if P == 1 or P * n > _INT64_MAX:
             return [int(b) for b in chunk_bounds(n, P)]
@@ -53,11 +52,7 @@ class OkTopkSplit(SparseSplitAllgather):
         if k:
             votes[0] = 1
             votes[1:] = idx[(np.arange(1, P) * k) // P]
-        with call.time("comm"):
-            self.comm.Allreduce(MPI.IN_PLACE, votes, op=MPI.SUM)
-        hops = (P - 1).bit_length()
-        call.sent(8 * P * hops)
-        call.received(8 * P * hops)
+        net.allreduce(votes)
         voters = int(votes[0])
         if voters == 0:
             return [int(b) for b in chunk_bounds(n, P)]

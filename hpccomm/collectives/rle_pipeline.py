@@ -42,7 +42,6 @@ also fit densely.
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from ..kernels import merge as K
 from .base import register_algorithm
@@ -80,25 +79,19 @@ def merge_blocks(own: np.ndarray, other: np.ndarray, m: int) -> np.ndarray:
 class _Receiver:
     """Receives posted ``window`` messages ahead from one source, in order."""
 
-    def __init__(self, comm, source, tag, count, max_bytes, window, call):
-        self.comm, self.source, self.tag, self.count, self.call = comm, source, tag, count, call
+    def __init__(self, net, source, tag, count, max_bytes, window):
+        self.net, self.source, self.tag, self.count = net, source, tag, count
         self.window = max(1, min(window, count))
         self.bufs = [np.empty(max_bytes, dtype=np.uint8) for _ in range(self.window)]
         self.reqs = [self._post(b) for b in range(self.window)]
-        self.status = MPI.Status()
 
     def _post(self, b):
-        buf = self.bufs[b % self.window]
-        return self.comm.Irecv([buf, MPI.BYTE], self.source, self.tag)
+        return self.net.irecv(self.bufs[b % self.window], self.source, self.tag)
 
     def get(self, b) -> np.ndarray:
         """Block ``b``'s message as uint32 words (a copy), reposting its buffer."""
         slot = b % self.window
-        with self.call.time("comm"):
-            self.reqs[slot].Wait(self.status)
-        size = self.status.Get_count(MPI.BYTE)
-        self.call.received(size)
-        words = self.bufs[slot][:size].view(np.uint32).copy()
+        words = self.reqs[slot].wait().view(np.uint32).copy()
         if b + self.window < self.count:
             self.reqs[slot] = self._post(b + self.window)
         return words
@@ -119,8 +112,8 @@ class RlePipeline(SparseAlgorithm):
     def params(self):
         return {"block": self.block, "window": self.window}
 
-    def reduce_sparse(self, idx, vals, n, state, call, out=None):
-        P, r, comm = self.size, self.rank, self.comm
+    def reduce_sparse(self, idx, vals, n, state, net, out=None):
+        P, r, call = self.size, self.rank, net.call
         block = self.block
         nblocks = -(-n // block)
         starts = [b * block for b in range(nblocks + 1)]
@@ -132,12 +125,10 @@ class RlePipeline(SparseAlgorithm):
         sends = []
 
         def isend(words, dest, tag):
-            with call.time("comm"):
-                sends.append(comm.Isend([words, MPI.BYTE], dest, tag))
-            call.sent(words.nbytes)
+            sends.append(net.isend(words.view(np.uint8), dest, tag))
 
         # 1. chain reduce towards rank 0
-        up = (_Receiver(comm, child, TAG_REDUCE, nblocks, max_bytes, self.window, call)
+        up = (_Receiver(net, child, TAG_REDUCE, nblocks, max_bytes, self.window)
               if child is not None and nblocks else None)
         final = []
         for b in range(nblocks):
@@ -153,7 +144,7 @@ class RlePipeline(SparseAlgorithm):
             else:
                 final.append(words)
         # 2. chain broadcast from rank 0; each block is decoded as it arrives
-        down = (_Receiver(comm, parent, TAG_BCAST, nblocks, max_bytes, self.window, call)
+        down = (_Receiver(net, parent, TAG_BCAST, nblocks, max_bytes, self.window)
                 if parent is not None and nblocks else None)
         pieces = []
         dense_blocks = 0
@@ -169,8 +160,8 @@ class RlePipeline(SparseAlgorithm):
                     K.rle_decode_into(words, out[lo:lo + m])
                 else:
                     pieces.append(K.drop_zeros(*K.rle_to_pairs(words, lo, m, probe)))
-        with call.time("comm"):
-            MPI.Request.Waitall(sends)
+        for req in sends:
+            req.wait()
         call.extra.update(blocks=nblocks, dense_blocks=dense_blocks, went_dense=dense_blocks > 0)
         if out is not None:
             return None

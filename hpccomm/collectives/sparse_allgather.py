@@ -16,7 +16,6 @@ growing with ``P``.  The simplest choice for tiny ``P k``; crossover with a
 dense ring allreduce near ``P k (b + 4) ~ 8 n``.
 """
 from .base import register_algorithm
-from .exchange import allgatherv_bytes
 from .sparsebase import Part, SparseAlgorithm, finish, index_dtype, merge_parts
 
 
@@ -24,15 +23,15 @@ from .sparsebase import Part, SparseAlgorithm, finish, index_dtype, merge_parts
 class SparseAllgather(SparseAlgorithm):
     name = "sparse_allgather"
 
-    def reduce_sparse(self, idx, vals, n, state, call, out=None):
-        P = self.size
+    def reduce_sparse(self, idx, vals, n, state, net, out=None):
+        P, call = self.size, net.call
         idt = index_dtype(n)
         with call.time("encode"):
             mine = Part.from_pairs(0, n, idt, idx, vals)
         if P == 1:
             streams = [mine]
         else:
-            gathered = allgatherv_bytes(self.comm, mine.payload(), call)
+            gathered = net.allgatherv(mine.payload())
             with call.time("decode"):
                 streams = [Part.from_payload(gathered[j], 0, n, idt) for j in range(P)]
         call.extra["went_dense"] = any(p.is_dense for p in streams)

@@ -62,11 +62,10 @@ per merge.  Byte counts are modelled from the binomial tree
 from __future__ import annotations
 
 import numpy as np
-from mpi4py import MPI
 
 from ..kernels import merge as K
 from .base import register_algorithm
-from .sparsebase import Part, SparseAlgorithm, check_bytes, finish, index_dtype
+from .sparsebase import Part, SparseAlgorithm, finish, index_dtype
 
 HEADER_BYTES = 16
 
@@ -136,52 +135,21 @@ class RecordLayout:
         return merge
 
 
-def binomial_children(rank: int, size: int) -> int:
-    """Children of ``rank`` in a binomial tree rooted at 0 (MPICH's shape)."""
-    count, mask = 0, 1
-    while mask < size:
-        if rank & mask:
-            break
-        if rank + mask < size:
-            count += 1
-        mask <<= 1
-    return count
-
-
 @register_algorithm
 class SparseOpReduce(SparseAlgorithm):
     name = "sparse_op"
 
-    def reduce_sparse(self, idx, vals, n, state, call, out=None):
-        P, r, comm = self.size, self.rank, self.comm
+    def reduce_sparse(self, idx, vals, n, state, net, out=None):
+        P, call = self.size, net.call
         idt = index_dtype(n)
         total = np.array([idx.size], dtype=np.int64)
         if P > 1:
-            with call.time("comm"):
-                comm.Allreduce(MPI.IN_PLACE, total, op=MPI.SUM)
+            net.allreduce(total)
         layout = RecordLayout(n, int(total[0]), idt)
-        check_bytes(layout.nbytes, "sparse_op record")
         with call.time("encode"):
             rec = np.zeros(layout.nbytes, dtype=np.uint8)
             layout.fill(rec, idx, vals)
-        if P > 1:
-            result = np.empty_like(rec)
-            rtype = MPI.BYTE.Create_contiguous(layout.nbytes).Commit()
-            op = MPI.Op.Create(layout.merge_callback(), commute=True)
-            try:
-                with call.time("comm"):
-                    comm.Reduce([rec, 1, rtype], [result, 1, rtype], op=op, root=0)
-                    comm.Bcast([result, 1, rtype], root=0)
-            finally:
-                op.Free()
-                rtype.Free()
-            edges = binomial_children(r, P) + (r != 0)
-            hops = (P - 1).bit_length()
-            call.sent(edges * layout.nbytes + 8 * hops)
-            call.received(edges * layout.nbytes + 8 * hops)
-            call.modelled = True
-        else:
-            result = rec
+        result = net.reduce_bcast(rec, layout.merge_callback()) if P > 1 else rec
         part = layout.part(result)
         call.extra.update(record_bytes=layout.nbytes, capacity=layout.cap,
                           went_dense=part.is_dense)

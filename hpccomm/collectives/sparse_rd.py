@@ -37,21 +37,21 @@ Cost (``k`` non-zeros per rank, ``b``-byte indices, no fill-in overlap):
 ``sparse_split`` moves fewer bytes.
 """
 from .base import register_algorithm
-from .sparsebase import (Part, SparseAlgorithm, finish, index_dtype, recv_bytes, send_bytes,
-                         sendrecv_bytes)
+from .sparsebase import Part, SparseAlgorithm, finish, index_dtype
 
 
 @register_algorithm
 class SparseRecursiveDoubling(SparseAlgorithm):
     name = "sparse_rd"
 
-    def _exchange(self, part: Part, peer: int, call) -> Part:
+    @staticmethod
+    def _exchange(part: Part, peer: int, net) -> Part:
         """Send ``part`` to ``peer`` and return the part ``peer`` sent."""
-        buf = sendrecv_bytes(self.comm, part.payload(), peer, peer, call)
+        buf = net.sendrecv(part.payload(), peer, peer)
         return Part.from_payload(buf, part.lo, part.hi, part.idt)
 
-    def reduce_sparse(self, idx, vals, n, state, call, out=None):
-        P, r, comm = self.size, self.rank, self.comm
+    def reduce_sparse(self, idx, vals, n, state, net, out=None):
+        P, r, call = self.size, self.rank, net.call
         idt = index_dtype(n)
         with call.time("encode"):
             part = Part.from_pairs(0, n, idt, idx, vals)
@@ -61,10 +61,10 @@ class SparseRecursiveDoubling(SparseAlgorithm):
         # 1. fold the first 2*rem ranks pairwise
         if r < 2 * rem:
             if r % 2 == 0:
-                send_bytes(comm, part.payload(), r + 1, 0, call)
+                net.send(part.payload(), r + 1, 0)
                 newrank = -1
             else:
-                low = Part.from_payload(recv_bytes(comm, r - 1, 0, call), 0, n, idt)
+                low = Part.from_payload(net.recv(r - 1, 0), 0, n, idt)
                 with call.time("decode"):
                     part = low.merge(part)
                 newrank = r // 2
@@ -76,7 +76,7 @@ class SparseRecursiveDoubling(SparseAlgorithm):
             while bit < p2:
                 pn = newrank ^ bit
                 peer = 2 * pn + 1 if pn < rem else pn + rem
-                other = self._exchange(part, peer, call)
+                other = self._exchange(part, peer, net)
                 with call.time("decode"):
                     part = part.merge(other) if r < peer else other.merge(part)
                 bit <<= 1
@@ -84,9 +84,9 @@ class SparseRecursiveDoubling(SparseAlgorithm):
         # 3. send the result back to the folded ranks
         if r < 2 * rem:
             if r % 2 == 1:
-                send_bytes(comm, part.payload(), r - 1, 1, call)
+                net.send(part.payload(), r - 1, 1)
             else:
-                part = Part.from_payload(recv_bytes(comm, r + 1, 1, call), 0, n, idt)
+                part = Part.from_payload(net.recv(r + 1, 1), 0, n, idt)
         call.extra["rounds"] = rounds
         call.extra["went_dense"] = part.is_dense
         with call.time("decode"):

@@ -31,7 +31,6 @@ load one owner with everything; the bytes stay correct but that owner's
 merge and its single range dominate.
 """
 from .base import chunk_bounds, register_algorithm
-from .exchange import allgatherv_bytes, alltoallv_bytes
 from .sparsebase import Part, SparseAlgorithm, finish, index_dtype, merge_parts, parts_for_ranges
 
 
@@ -39,21 +38,21 @@ from .sparsebase import Part, SparseAlgorithm, finish, index_dtype, merge_parts,
 class SparseSplitAllgather(SparseAlgorithm):
     name = "sparse_split"
 
-    def boundaries(self, idx, n, call):
+    def boundaries(self, idx, n, net):
         """The ``P + 1`` range boundaries, identical on every rank: equal widths."""
         return [int(b) for b in chunk_bounds(n, self.size)]
 
-    def reduce_sparse(self, idx, vals, n, state, call, out=None):
-        P, r, comm = self.size, self.rank, self.comm
+    def reduce_sparse(self, idx, vals, n, state, net, out=None):
+        P, r, call = self.size, self.rank, net.call
         idt = index_dtype(n)
-        bounds = self.boundaries(idx, n, call)
+        bounds = self.boundaries(idx, n, net)
         with call.time("encode"):
             sends = parts_for_ranges(idx, vals, bounds, idt)
         lo, hi = bounds[r], bounds[r + 1]
         if P == 1:
             owned = sends[0]
         else:
-            received = alltoallv_bytes(comm, [p.payload() for p in sends], call)
+            received = net.alltoallv([p.payload() for p in sends])
             with call.time("decode"):
                 streams = [sends[src] if src == r else Part.from_payload(received[src], lo, hi, idt)
                            for src in range(P)]
@@ -65,7 +64,7 @@ class SparseSplitAllgather(SparseAlgorithm):
         if P == 1:
             ranges = [owned]
         else:
-            gathered = allgatherv_bytes(comm, owned.payload(), call)
+            gathered = net.allgatherv(owned.payload())
             with call.time("decode"):
                 ranges = [Part.from_payload(gathered[j], bounds[j], bounds[j + 1], idt)
                           for j in range(P)]

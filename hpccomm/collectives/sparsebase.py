@@ -38,10 +38,10 @@ documents why this leaves every rank with the same bits.
 
 Statistics
 ----------
-Bytes are counted per message at the MPI call boundary (counts included) in
-``call.bytes_sent`` / ``call.bytes_recv`` -- modelled only where MPI moves
-data internally (``sparse_op``; ``call.modelled``) and for the tiny
-agreement allreduces (``16`` or ``8 P`` bytes per recursive-doubling hop).
+Bytes are counted by the transport (:mod:`.transport`), per message at the
+MPI call boundary (counts included), in ``call.bytes_sent`` /
+``call.bytes_recv`` -- modelled where MPI moves data internally (allgathers,
+the agreement allreduces, ``sparse_op``'s tree; ``call.modelled``).
 Time goes to ``call.t_encode`` (building streams, routing tables),
 ``t_comm`` (MPI calls) and ``t_decode`` (merging, writing the result).
 ``call.extra["went_dense"]`` says whether the result travelled (at least
@@ -53,14 +53,11 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-from mpi4py import MPI
-
 from ..errors import PacketError
 from ..kernels import merge as K
-from ..stats import CallStats
 from .base import Algorithm
+from .transport import Transport
 
-_INT_MAX = 2 ** 31 - 1
 VALUE_BYTES = 4
 
 
@@ -238,54 +235,6 @@ def _aligned(buf: np.ndarray, dtype) -> np.ndarray:
     return arr if arr.flags.aligned else arr.copy()
 
 
-def check_bytes(nbytes: int, what: str) -> None:
-    if nbytes > _INT_MAX:
-        raise OverflowError(f"{what}: {nbytes} bytes exceed MPI's int counts; "
-                            "reduce the vector in smaller pieces")
-
-
-def sendrecv_bytes(comm: MPI.Comm, payload: np.ndarray, dest: int, source: int,
-                   call: CallStats, recv_size: Optional[int] = None) -> np.ndarray:
-    """Send ``payload`` (uint8) to ``dest`` and receive one from ``source``
-    (``MPI_Sendrecv``).  Without ``recv_size`` the sizes travel first (one
-    int64 each way)."""
-    with call.time("comm"):
-        if recv_size is None:
-            count = np.empty(1, dtype=np.int64)
-            comm.Sendrecv(np.array([payload.size], dtype=np.int64), dest, 0, count, source, 0)
-            call.sent(8)
-            call.received(8)
-            recv_size = int(count[0])
-        check_bytes(payload.size, "sendrecv")
-        check_bytes(recv_size, "sendrecv")
-        buf = np.empty(recv_size, dtype=np.uint8)
-        comm.Sendrecv([payload, MPI.BYTE], dest, 0, [buf, MPI.BYTE], source, 0)
-    call.sent(payload.size)
-    call.received(recv_size)
-    return buf
-
-
-def send_bytes(comm: MPI.Comm, payload: np.ndarray, dest: int, tag: int,
-               call: CallStats) -> None:
-    """Blocking send of ``payload`` (uint8) to ``dest``, its int64 size first."""
-    check_bytes(payload.size, "send")
-    with call.time("comm"):
-        comm.Send(np.array([payload.size], dtype=np.int64), dest, tag)
-        comm.Send([payload, MPI.BYTE], dest, tag)
-    call.sent(8 + payload.size)
-
-
-def recv_bytes(comm: MPI.Comm, source: int, tag: int, call: CallStats) -> np.ndarray:
-    """Receive what :func:`send_bytes` sent."""
-    with call.time("comm"):
-        count = np.empty(1, dtype=np.int64)
-        comm.Recv(count, source, tag)
-        buf = np.empty(int(count[0]), dtype=np.uint8)
-        comm.Recv([buf, MPI.BYTE], source, tag)
-    call.received(8 + buf.size)
-    return buf
-
-
 def sparsify(codec, v: np.ndarray, ectx) -> Tuple[np.ndarray, np.ndarray]:
     """This rank's sparse contribution ``(idx, vals)`` to the sum of ``v``.
 
@@ -323,18 +272,19 @@ class SparseAlgorithm(Algorithm):
     the same ``n``; the caller has validated ``idx`` (increasing, inside
     ``[0, n)``, dtype :func:`index_dtype`) and ``vals`` (float32)."""
 
-    def reduce(self, x, out, state, call, ctx):
-        fb = ctx.feedback
+    def reduce(self, x, out, state, ctx):
+        fb, call = ctx.feedback, ctx.call
         v = fb.compensate(state, "worker", x)
         with call.time("encode"):
             idx, vals = sparsify(self.codec, v, ctx.encode_context(self.rank))
         call.extra["nnz"] = int(idx.size)
-        self.reduce_sparse(idx, vals, x.size, state, call, out)
+        self.reduce_sparse(idx, vals, x.size, state, ctx.net, out)
         fb.update_sparse(state, "worker", v, idx, vals)
 
-    def reduce_sparse(self, idx: np.ndarray, vals: np.ndarray, n: int, state, call: CallStats,
+    def reduce_sparse(self, idx: np.ndarray, vals: np.ndarray, n: int, state, net: Transport,
                       out: Optional[np.ndarray] = None):
-        """Sum the ranks' sparse vectors of length ``n``.
+        """Sum the ranks' sparse vectors of length ``n``; every MPI call goes
+        through ``net`` (whose ``call`` takes the statistics).
 
         With ``out`` (float32, length ``n``): write the dense sum there and
         return None.  Without: return ``(idx, vals)``, the entries of the sum

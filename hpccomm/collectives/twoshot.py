@@ -27,15 +27,14 @@ packets in the allgather, about ``2 (P-1)/P * C(n)``.
 import numpy as np
 
 from .base import Algorithm, chunk_bounds, register_algorithm
-from .exchange import allgatherv_bytes, alltoallv_bytes
 
 
 @register_algorithm
 class TwoShot(Algorithm):
     name = "twoshot"
 
-    def reduce(self, x, out, state, call, ctx):
-        codec, comm, P, r = self.codec, self.comm, self.size, self.rank
+    def reduce(self, x, out, state, ctx):
+        codec, net, call, P, r = self.codec, ctx.net, ctx.call, self.size, self.rank
         n = x.size
         fb = ctx.feedback
         v = fb.compensate(state, "worker", x)
@@ -53,7 +52,7 @@ class TwoShot(Algorithm):
                        for j in range(P)]
         fixed = [codec.wire_size(int(m)) for m in lens] if codec.fixed_size else None
         recv_sizes = [fixed[r]] * P if fixed is not None else None
-        received = alltoallv_bytes(comm, packets, call, recv_sizes)
+        received = net.alltoallv(packets, recv_sizes)
         lo, hi = int(bounds[r]), int(bounds[r + 1])
         with call.time("decode"):
             acc = self.scratch("acc", hi - lo)
@@ -67,7 +66,7 @@ class TwoShot(Algorithm):
         w = fb.compensate(state, "owner", acc)
         with call.time("encode"):
             owner_packet = codec.reencode(w, ctx.encode_context(P + r, lo))
-        gathered = allgatherv_bytes(comm, owner_packet, call, fixed)
+        gathered = net.allgatherv(owner_packet, fixed)
         with call.time("decode"):
             for j in range(P):
                 codec.decode(gathered[j], out[bounds[j]:bounds[j + 1]])

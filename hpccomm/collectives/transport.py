@@ -1,0 +1,515 @@
+"""Every MPI call that moves hpccomm's data.
+
+A :class:`Transport` is bound to one of hpccomm's private communicators and to
+the :class:`~hpccomm.stats.CallStats` of one call.  Algorithms never call MPI
+themselves: they call these methods, which time the call (``call.t_comm``),
+count its bytes by one formula per pattern, and carry messages of any size.
+
+Patterns, blocking and non-blocking (``i``-prefixed: they return a
+:class:`Request` whose ``wait()`` gives what the blocking form returns)::
+
+    alltoallv / ialltoallv     packets[j] to rank j; the packets received, by source
+    allgatherv / iallgatherv   every rank's packet to every rank, by source
+    allreduce / iallreduce     elementwise SUM or MAX of a numeric array
+    sendrecv                   one payload out, one in (pairwise exchanges)
+    send / recv                a payload with its size first
+    isend / irecv              a payload, the size read from the receive status
+    reduce_bcast               a user-defined MPI.Op over one record, then a broadcast
+
+Packets are ``uint8`` arrays.  Where the receiver cannot know the sizes
+(``recv_sizes`` / ``sizes`` / ``recv_size`` not given), int64 counts travel
+first: ``MPI_Alltoall`` / ``MPI_Allgather`` / ``MPI_Sendrecv`` / ``MPI_Send``.
+The non-blocking forms exchange such counts *blocking*, before they post the
+data: then every rank posts its collectives in the order it started them,
+whatever order its requests are later waited in (MPI requires one order).
+
+Byte accounting (``call.bytes_sent`` / ``bytes_recv``, per rank)
+    alltoallv   counted: the bytes to and from *other* ranks (plus 8 (P - 1)
+                each way for a count exchange);
+    allgatherv  received: the other ranks' blocks (counted); sent: the same
+                figure, what a ring allgather forwards with equal blocks
+                (``modelled``);
+    allreduce   ``modelled`` by :func:`allreduce_bytes`: recursive doubling,
+                ``ceil(log2 P) b``, for ``b <= 2 KiB`` and the
+                bandwidth-optimal ring / Rabenseifner ``2 (P - 1) / P b``
+                above -- MPICH's default choice;
+    sendrecv, send, recv, isend, irecv   counted: the payloads (plus 8 for a
+                size message);
+    reduce_bcast ``modelled``: a binomial tree (MPICH's shape), ``(children +
+                [r != 0]) b`` each way.
+Where any figure of a call is a model, ``call.modelled`` is set.
+
+Large messages
+    MPI-4 libraries take counts and displacements beyond ``2**31 - 1`` in
+    their large-count routines (``MPI_Alltoallv_c`` ...), which mpi4py calls
+    and which match the plain routines on other ranks: there (the default,
+    ``count_limit=None``) every pattern is one plain call.  Below MPI-4, or
+    with an explicit ``count_limit``, a count or displacement beyond it is
+    carried by derived datatypes any MPI-3 library accepts: a struct of ``q``
+    blocks of ``BLOCK`` bytes plus a remainder of ``r`` bytes (BigMPI's and
+    mpi4py's ``pkl5`` construction), at absolute addresses from
+    ``MPI.BOTTOM`` so that no displacement overflows.  Only a rank's own
+    counts are known to it, and every rank must enter the same collective,
+    so with a limit ``alltoallv`` always runs as ``MPI_Alltoallw`` (plain
+    byte datatypes where the counts fit); ``allgatherv`` decides from the
+    counts every rank holds.  An allreduce of more than ``count_limit``
+    elements runs in pieces of at most that many.  Device buffers are passed
+    to MPI whole (mpi4py carries their counts).
+"""
+from __future__ import annotations
+
+from typing import Callable, List, Optional, Sequence
+
+import numpy as np
+from mpi4py import MPI
+
+from ..stats import CallStats
+
+INT_MAX = 2 ** 31 - 1
+#: the count limit of a library with MPI-4 large counts (none that matters)
+UNLIMITED = 2 ** 62
+NATIVE_LARGE_COUNTS = MPI.Get_version() >= (4, 0)
+#: bytes per block of a large message's datatype
+BLOCK = 1 << 30
+#: MPICH's default switch from recursive doubling to Rabenseifner (MPIR_CVAR_ALLREDUCE_SHORT_MSG_SIZE)
+ALLREDUCE_SHORT_BYTES = 2048
+
+_OPS = {"sum": MPI.SUM, "max": MPI.MAX}
+
+
+def allreduce_bytes(nbytes: int, size: int) -> int:
+    """Modelled bytes one rank sends (and receives) in an allreduce of
+    ``nbytes``: ``ceil(log2 P) nbytes`` up to :data:`ALLREDUCE_SHORT_BYTES`,
+    ``2 (P - 1) nbytes // P`` above."""
+    if size <= 1 or nbytes == 0:
+        return 0
+    if nbytes <= ALLREDUCE_SHORT_BYTES:
+        return (size - 1).bit_length() * nbytes
+    return 2 * (size - 1) * nbytes // size
+
+
+def binomial_children(rank: int, size: int) -> int:
+    """Children of ``rank`` in a binomial tree rooted at 0 (MPICH's shape)."""
+    count, mask = 0, 1
+    while mask < size:
+        if rank & mask:
+            break
+        if rank + mask < size:
+            count += 1
+        mask <<= 1
+    return count
+
+
+def displacements(counts: np.ndarray) -> np.ndarray:
+    """Exclusive prefix sums of ``counts`` (int64)."""
+    d = np.zeros(len(counts), dtype=np.int64)
+    if len(counts) > 1:
+        np.cumsum(counts[:-1], out=d[1:])
+    return d
+
+
+class Request:
+    """A transfer in flight.  ``wait()`` completes it and returns what the
+    blocking form returns (again on later calls); ``test()`` says whether it
+    is complete, and finishes it when it is."""
+
+    def __init__(self, call: CallStats, requests: List[MPI.Request],
+                 finish: Callable[[], object] = lambda: None,
+                 cleanup: Callable[[], None] = lambda: None):
+        self._call = call
+        self._requests = requests
+        self._finish = finish
+        self._cleanup = cleanup
+        self._result = None
+        self.done = False
+
+    def _complete(self) -> None:
+        try:
+            self._result = self._finish()
+        finally:
+            self._cleanup()
+            self.done = True
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        with self._call.time("comm"):
+            if not MPI.Request.Testall(self._requests):
+                return False
+            self._complete()
+        return True
+
+    def wait(self):
+        if not self.done:
+            with self._call.time("comm"):
+                MPI.Request.Waitall(self._requests)
+                self._complete()
+        return self._result
+
+
+class _Types:
+    """Derived datatypes of one call, freed together."""
+
+    def __init__(self, block: int):
+        self.block = block
+        self._made: List[MPI.Datatype] = []
+
+    def at(self, address: int, nbytes: int) -> MPI.Datatype:
+        """``nbytes`` bytes at absolute ``address`` as one datatype."""
+        q, r = divmod(int(nbytes), self.block)
+        blk = MPI.BYTE.Create_contiguous(self.block)
+        dtype = MPI.Datatype.Create_struct([q, r], [address, address + q * self.block],
+                                           [blk, MPI.BYTE]).Commit()
+        blk.Free()
+        self._made.append(dtype)
+        return dtype
+
+    def free(self) -> None:
+        for dtype in self._made:
+            dtype.Free()
+        self._made.clear()
+
+
+def _address(buf: np.ndarray) -> int:
+    return MPI.Get_address(buf) if buf.size else 0
+
+
+def _joined(packets: Sequence[np.ndarray]) -> Optional[np.ndarray]:
+    """The one buffer ``packets`` are consecutive views of, or None."""
+    if not packets:
+        return None
+    base = packets[0]
+    addr = base.__array_interface__["data"][0]
+    end = addr
+    for p in packets:
+        if p.__array_interface__["data"][0] != end or not p.flags.c_contiguous:
+            return None
+        end += p.nbytes
+    total = end - addr
+    root = base.base if isinstance(base.base, np.ndarray) else None
+    if root is None or root.dtype != np.uint8 or root.ndim != 1:
+        return None
+    start = addr - root.__array_interface__["data"][0]
+    if start < 0 or start + total > root.nbytes:
+        return None
+    return root[start:start + total]
+
+
+class Transport:
+    """The MPI calls of one collective call on ``comm`` (see the module
+    docstring), accounted in ``call``.  ``count_limit`` is the largest count
+    or displacement passed to MPI as a plain int: None for the library's own
+    limit (none with MPI-4 large counts, else ``2**31 - 1``); tests lower it
+    to exercise the derived-datatype path on small data.  It must be the same
+    on every rank."""
+
+    def __init__(self, comm: MPI.Comm, call: CallStats, *, count_limit: Optional[int] = None):
+        self.comm = comm
+        self.call = call
+        self.rank = comm.Get_rank()
+        self.size = comm.Get_size()
+        if count_limit is None:
+            count_limit = UNLIMITED if NATIVE_LARGE_COUNTS else INT_MAX
+        self.count_limit = int(count_limit)
+        #: whether messages beyond the limit need derived datatypes
+        self.limited = self.count_limit < UNLIMITED
+        self.block = min(BLOCK, max(1, self.count_limit // 2))
+
+    # ------------------------------------------------------------ accounting
+    def _count(self, sent: int, received: int) -> None:
+        self.call.sent(sent)
+        self.call.received(received)
+
+    def _model(self, sent: int, received: int) -> None:
+        self._count(sent, received)
+        self.call.modelled = True
+
+    def _large(self, *arrays) -> bool:
+        return any(int(np.max(a, initial=0)) > self.count_limit for a in arrays)
+
+    # ------------------------------------------------------------ all-to-all
+    def alltoallv(self, packets: Sequence[np.ndarray],
+                  recv_sizes: Optional[Sequence[int]] = None) -> List[np.ndarray]:
+        """Send ``packets[j]`` to rank ``j``; return the packets received, by source."""
+        return self._alltoallv(packets, recv_sizes, blocking=True)
+
+    def ialltoallv(self, packets: Sequence[np.ndarray],
+                   recv_sizes: Optional[Sequence[int]] = None) -> Request:
+        """Non-blocking :meth:`alltoallv`; ``packets`` must stay untouched until
+        the request completes."""
+        return self._alltoallv(packets, recv_sizes, blocking=False)
+
+    def _alltoallv(self, packets, recv_sizes, blocking):
+        P, r, comm = self.size, self.rank, self.comm
+        send_counts = np.array([p.size for p in packets], dtype=np.int64)
+        sendbuf = _joined(packets)
+        if sendbuf is None:
+            sendbuf = np.concatenate(packets) if len(packets) else np.empty(0, np.uint8)
+        state = {}
+        types = _Types(self.block)
+
+        def post_data(recv_counts):
+            recvbuf = np.empty(int(recv_counts.sum()), dtype=np.uint8)
+            sd, rd = displacements(send_counts), displacements(recv_counts)
+            state.update(recv_counts=recv_counts, recvbuf=recvbuf, rd=rd)
+            if not self.limited:
+                args = ([sendbuf, (send_counts.tolist(), sd.tolist()), MPI.BYTE],
+                        [recvbuf, (recv_counts.tolist(), rd.tolist()), MPI.BYTE])
+                return comm.Alltoallv(*args) if blocking else [comm.Ialltoallv(*args)]
+            # every rank must call Alltoallw: only the buffer description is local
+            if self._large(send_counts, recv_counts, sd + send_counts, rd + recv_counts):
+                sb, rb = _address(sendbuf), _address(recvbuf)
+                st = [types.at(sb + int(sd[j]), send_counts[j]) for j in range(P)]
+                rt = [types.at(rb + int(rd[j]), recv_counts[j]) for j in range(P)]
+                args = ([MPI.BOTTOM, ([1] * P, [0] * P), st], [MPI.BOTTOM, ([1] * P, [0] * P), rt])
+            else:
+                args = ([sendbuf, (send_counts.tolist(), sd.tolist()), [MPI.BYTE] * P],
+                        [recvbuf, (recv_counts.tolist(), rd.tolist()), [MPI.BYTE] * P])
+            return comm.Alltoallw(*args) if blocking else [comm.Ialltoallw(*args)]
+
+        def finish():
+            rc, rd, rb = state["recv_counts"], state["rd"], state["recvbuf"]
+            self._count(int(send_counts.sum() - send_counts[r]), int(rc.sum() - rc[r]))
+            return [rb[rd[j]:rd[j] + rc[j]] for j in range(P)]
+
+        with self.call.time("comm"):
+            if recv_sizes is None:
+                counts = np.empty(P, dtype=np.int64)
+                comm.Alltoall(send_counts, counts)
+                self._count(8 * (P - 1), 8 * (P - 1))
+            else:
+                counts = np.asarray(recv_sizes, dtype=np.int64)
+            try:
+                reqs = post_data(counts)
+            except BaseException:
+                types.free()
+                raise
+        if not blocking:
+            return Request(self.call, reqs, finish=finish, cleanup=types.free)
+        types.free()
+        return finish()
+
+    # ------------------------------------------------------------ allgather
+    def allgatherv(self, packet: np.ndarray,
+                   sizes: Optional[Sequence[int]] = None) -> List[np.ndarray]:
+        """Every rank's ``packet`` to every rank; return them by source rank."""
+        return self._allgatherv(packet, sizes, blocking=True)
+
+    def iallgatherv(self, packet: np.ndarray, sizes: Optional[Sequence[int]] = None) -> Request:
+        """Non-blocking :meth:`allgatherv`."""
+        return self._allgatherv(packet, sizes, blocking=False)
+
+    def _allgatherv(self, packet, sizes, blocking):
+        P, r, comm = self.size, self.rank, self.comm
+        state = {}
+        types = _Types(self.block)
+
+        def post_data(counts):
+            if counts[r] != packet.size:
+                raise ValueError(f"allgatherv: packet is {packet.size} bytes, expected "
+                                 f"{int(counts[r])}")
+            recvbuf = np.empty(int(counts.sum()), dtype=np.uint8)
+            displs = displacements(counts)
+            state.update(counts=counts, recvbuf=recvbuf, displs=displs)
+            if self._large(counts, displs + counts):
+                mine = types.at(_address(packet), packet.size)
+                rb = _address(recvbuf)
+                rt = [types.at(rb + int(displs[j]), counts[j]) for j in range(P)]
+                args = ([MPI.BOTTOM, ([1] * P, [0] * P), [mine] * P],
+                        [MPI.BOTTOM, ([1] * P, [0] * P), rt])
+                return comm.Alltoallw(*args) if blocking else [comm.Ialltoallw(*args)]
+            args = ([packet, MPI.BYTE], [recvbuf, (counts.tolist(), displs.tolist()), MPI.BYTE])
+            return comm.Allgatherv(*args) if blocking else [comm.Iallgatherv(*args)]
+
+        def finish():
+            counts, displs, rb = state["counts"], state["displs"], state["recvbuf"]
+            others = int(counts.sum() - counts[r])
+            self._model(others, others)
+            return [rb[displs[j]:displs[j] + counts[j]] for j in range(P)]
+
+        with self.call.time("comm"):
+            if sizes is None:
+                counts = np.empty(P, dtype=np.int64)
+                comm.Allgather(np.array([packet.size], dtype=np.int64), counts)
+                self._count(8 * (P - 1), 8 * (P - 1))
+            else:
+                counts = np.asarray(sizes, dtype=np.int64)
+            try:
+                reqs = post_data(counts)
+            except BaseException:
+                types.free()
+                raise
+        if not blocking:
+            return Request(self.call, reqs, finish=finish, cleanup=types.free)
+        types.free()
+        return finish()
+
+    # ------------------------------------------------------------ allreduce
+    def allreduce(self, buf, out=None, op: str = "sum", nbytes: Optional[int] = None):
+        """Elementwise ``op`` ("sum" or "max") of ``buf`` over the ranks, into
+        ``out`` (in place when ``out`` is None); returns the result buffer.
+        ``buf`` is a numpy array or a device array MPI can read (then pass
+        ``nbytes`` for the accounting)."""
+        with self.call.time("comm"):
+            for send, recv in self._pieces(buf, out):
+                self.comm.Allreduce(send, recv, op=_OPS[op])
+        self._account_allreduce(buf, nbytes)
+        return buf if out is None else out
+
+    def iallreduce(self, buf, out=None, op: str = "sum", nbytes: Optional[int] = None) -> Request:
+        """Non-blocking :meth:`allreduce`."""
+        with self.call.time("comm"):
+            reqs = [self.comm.Iallreduce(send, recv, op=_OPS[op])
+                    for send, recv in self._pieces(buf, out)]
+
+        def finish():
+            self._account_allreduce(buf, nbytes)
+            return buf if out is None else out
+
+        return Request(self.call, reqs, finish=finish)
+
+    def _pieces(self, buf, out):
+        """(send, recv) argument pairs: one, or pieces of ``count_limit`` elements."""
+        if not isinstance(buf, np.ndarray) or buf.size <= self.count_limit:
+            return [(MPI.IN_PLACE, buf) if out is None else (buf, out)]
+        flat = buf.reshape(-1)
+        dest = None if out is None else out.reshape(-1)
+        step = self.count_limit
+        return [(MPI.IN_PLACE, flat[i:i + step]) if dest is None
+                else (flat[i:i + step], dest[i:i + step]) for i in range(0, flat.size, step)]
+
+    def _account_allreduce(self, buf, nbytes):
+        moved = allreduce_bytes(buf.nbytes if nbytes is None else int(nbytes), self.size)
+        self._model(moved, moved)
+
+    # ------------------------------------------------------------ point to point
+    def _spec(self, buf: np.ndarray, types: _Types, nbytes: Optional[int] = None):
+        """``buf`` (uint8) as an mpi4py message, through a derived datatype when large."""
+        n = buf.size if nbytes is None else nbytes
+        if n > self.count_limit:
+            return [MPI.BOTTOM, 1, types.at(_address(buf), n)]
+        return [buf, n, MPI.BYTE]
+
+    def sendrecv(self, payload: np.ndarray, dest: int, source: int,
+                 recv_size: Optional[int] = None, tag: int = 0) -> np.ndarray:
+        """Send ``payload`` to ``dest`` and receive one from ``source``; without
+        ``recv_size`` the sizes travel first (one int64 each way)."""
+        types = _Types(self.block)
+        with self.call.time("comm"):
+            if recv_size is None:
+                count = np.empty(1, dtype=np.int64)
+                self.comm.Sendrecv(np.array([payload.size], dtype=np.int64), dest, tag,
+                                   count, source, tag)
+                self._count(8, 8)
+                recv_size = int(count[0])
+            buf = np.empty(recv_size, dtype=np.uint8)
+            try:
+                self.comm.Sendrecv(self._spec(payload, types), dest, tag,
+                                   self._spec(buf, types), source, tag)
+            finally:
+                types.free()
+        self._count(payload.size, recv_size)
+        return buf
+
+    def send(self, payload: np.ndarray, dest: int, tag: int) -> None:
+        """Blocking send of ``payload`` (uint8) to ``dest``, its int64 size first."""
+        types = _Types(self.block)
+        with self.call.time("comm"):
+            self.comm.Send(np.array([payload.size], dtype=np.int64), dest, tag)
+            try:
+                self.comm.Send(self._spec(payload, types), dest, tag)
+            finally:
+                types.free()
+        self._count(8 + payload.size, 0)
+
+    def recv(self, source: int, tag: int) -> np.ndarray:
+        """Receive what :meth:`send` sent."""
+        types = _Types(self.block)
+        with self.call.time("comm"):
+            count = np.empty(1, dtype=np.int64)
+            self.comm.Recv(count, source, tag)
+            buf = np.empty(int(count[0]), dtype=np.uint8)
+            try:
+                self.comm.Recv(self._spec(buf, types), source, tag)
+            finally:
+                types.free()
+        self._count(0, 8 + buf.size)
+        return buf
+
+    def isend(self, payload: np.ndarray, dest: int, tag: int) -> Request:
+        """Non-blocking send of ``payload`` (no size message: the receiver's
+        :meth:`irecv` reads the size from its status)."""
+        types = _Types(self.block)
+        with self.call.time("comm"):
+            req = self.comm.Isend(self._spec(payload, types), dest, tag)
+        self._count(payload.size, 0)
+        return Request(self.call, [req], cleanup=types.free)
+
+    def irecv(self, buf: np.ndarray, source: int, tag: int) -> Request:
+        """Non-blocking receive into ``buf`` (uint8, at least as large as the
+        message); ``wait()`` returns the view of ``buf`` that was filled."""
+        types = _Types(self.block)
+        status = MPI.Status()
+        with self.call.time("comm"):
+            req = self.comm.Irecv(self._spec(buf, types), source, tag)
+
+        def finish():
+            got = status.Get_elements(MPI.BYTE)
+            self._count(0, got)
+            return buf[:got]
+
+        return _StatusRequest(self.call, req, status, finish, types.free)
+
+    # ------------------------------------------------------------ reduce + broadcast
+    def reduce_bcast(self, record: np.ndarray, merge: Callable, root: int = 0) -> np.ndarray:
+        """``MPI_Reduce`` of one ``record`` (uint8) per rank with the user
+        function ``merge(inbuf, inoutbuf, datatype)`` (commutative) to ``root``,
+        then ``MPI_Bcast`` of the result from it; returns the result.  Every
+        rank receives the root's bytes, so every rank holds the same bits."""
+        nbytes = record.size
+        result = np.empty_like(record)
+        if nbytes <= self.count_limit:
+            rtype = MPI.BYTE.Create_contiguous(nbytes).Commit()
+        else:  # blocks + remainder, relative to the record's start
+            rtype = _Types(self.block).at(0, nbytes)
+        op = MPI.Op.Create(merge, commute=True)
+        try:
+            with self.call.time("comm"):
+                self.comm.Reduce([record, 1, rtype], [result, 1, rtype], op=op, root=root)
+                self.comm.Bcast([result, 1, rtype], root=root)
+        finally:
+            op.Free()
+            rtype.Free()
+        vrank = (self.rank - root) % self.size
+        edges = binomial_children(vrank, self.size) + (vrank != 0)
+        self._model(edges * nbytes, edges * nbytes)
+        return result
+
+
+class _StatusRequest(Request):
+    """A single receive whose status the finish step reads."""
+
+    def __init__(self, call, req, status, finish, cleanup):
+        super().__init__(call, [req], finish=finish, cleanup=cleanup)
+        self._status = status
+
+    def test(self) -> bool:
+        if self.done:
+            return True
+        with self._call.time("comm"):
+            if not self._requests[0].Test(self._status):
+                return False
+            self._complete()
+        return True
+
+    def wait(self):
+        if not self.done:
+            with self._call.time("comm"):
+                self._requests[0].Wait(self._status)
+                self._complete()
+        return self._result
+
+
+__all__ = ["Transport", "Request", "allreduce_bytes", "binomial_children", "displacements",
+           "INT_MAX", "UNLIMITED", "BLOCK"]
+

@@ -1,0 +1,34 @@
+"""What an :class:`~hpccomm.Allreducer` remembers about one tensor key."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict
+
+import numpy as np
+
+
+@dataclass
+class KeyState:
+    """Per key: the step count, the memories' buffers and algorithm caches.
+
+    ``residuals`` holds what the error-feedback memory (:mod:`hpccomm.memory`)
+    carries from call to call, under named slots: ``"worker"`` before a rank's
+    own encode, ``"owner"`` before an owner re-encodes its reduced chunk
+    (two-shot algorithms), ``"momentum"`` for DGC's velocity.  It is what
+    :meth:`state_dict` saves."""
+
+    step: int = 0
+    residuals: Dict[str, np.ndarray] = field(default_factory=dict)
+    #: per slot, the buffer the next ``v = g + e`` is written to (swapped with
+    #: the residual when the memory is updated); not saved by state_dict
+    spares: Dict[str, np.ndarray] = field(default_factory=dict)
+    #: algorithm caches (e.g. routing tables); not saved by state_dict
+    cache: Dict[str, object] = field(default_factory=dict)
+
+    def state_dict(self) -> dict:
+        return {"step": self.step, "residuals": {k: v.copy() for k, v in self.residuals.items()}}
+
+    @classmethod
+    def from_state_dict(cls, d: dict) -> "KeyState":
+        res = {k: np.array(v, dtype=np.float32, copy=True) for k, v in d.get("residuals", {}).items()}
+        return cls(step=int(d.get("step", 0)), residuals=res)
