@@ -14,9 +14,10 @@ from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.transport import Transport
 from .communicators import private_comm
 from .errors import ConsistencyError, NonFiniteError
-from .feedback import ErrorFeedback, KeyState
-from .kernels.common import count_nonfinite
+from .kernels.nonfinite import count_nonfinite
+from .memory import Memory, get_memory
 from .options import resolve_options
+from .state import KeyState
 from .stats import CallStats, Stats
 from .validation import agree, check_local
 
@@ -38,9 +39,12 @@ class Allreducer:
         ``"sum"`` or ``"mean"`` (the mean divides the sum by the number of
         ranks once, at the end, with IEEE division).
     error_feedback:
-        ``True`` / ``False``, or ``None`` for the codec's default (on for
-        biased codecs such as onebit, topk, threshold).  Residuals are kept per
-        ``key``; calls without a key keep no state.
+        The worker's memory (:mod:`hpccomm.memory`): ``True`` / ``"residual"``
+        (``v = g + e``, ``e = v - decoded``), ``False`` / ``"none"``,
+        ``"dgc"`` or a :class:`~hpccomm.memory.DGCMemory` (DGC's momentum
+        correction and masking), or ``None`` for the codec's default (a
+        residual for biased codecs such as onebit, topk, threshold).  Memory is
+        kept per ``key``; calls without a key keep no state.
     check:
         ``"always"`` (default): every call first agrees across ranks on the
         length, dtype, codec, algorithm, op and key, and on whether any rank
@@ -60,7 +64,7 @@ class Allreducer:
     """
 
     def __init__(self, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
-                 algorithm: str = "mpi", op: str = "sum", error_feedback: Optional[bool] = None,
+                 algorithm: str = "mpi", op: str = "sum", error_feedback: Any = None,
                  check: str = "always", gpu_aware: Any = "auto", seed: int = 0,
                  codec_options: Optional[dict] = None, algorithm_options: Optional[dict] = None,
                  **options):
@@ -96,16 +100,14 @@ class Allreducer:
         alg_opts.update(algorithm_options or {})
         self.codec = get_codec(codec, **codec_opts)
         self.algorithm = alg_cls(self.parent, self.codec, **alg_opts)
-        if error_feedback is None:
-            error_feedback = self.codec.biased
-        self.feedback = ErrorFeedback(bool(error_feedback))
+        self.memory: Memory = get_memory(error_feedback, biased=self.codec.biased)
         self.gpu_aware = resolve_gpu_aware(gpu_aware)
 
     def describe(self) -> str:
         if self.codec is None:
             return "<invalid configuration>"
         return (f"codec={self.codec.describe()} algorithm={self.algorithm.describe()} op={self.op} "
-                f"ef={self.feedback.enabled} seed={self.seed}")
+                f"ef={self.memory.describe()} seed={self.seed}")
 
     def __repr__(self) -> str:
         return f"Allreducer({self.describe()}, ranks={self.size})"
@@ -202,7 +204,7 @@ class Allreducer:
             if key is not None:
                 self._states[key] = state
         call = CallStats(key=key or "", n=buf.size)
-        ctx = ReduceContext(net=Transport(self._comm, call), feedback=self.feedback,
+        ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
                             seed=self.seed, step=state.step, shape=buf.shape)
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, ctx)

@@ -1,97 +1,22 @@
-"""Fusion buckets: many gradient tensors, few collective calls.
+"""Fusion buckets for named numpy gradients: :class:`GradientBuckets`.
 
-A model's gradients are dozens of arrays of very different sizes.  Reducing
-each on its own pays the per-call latency dozens of times; reducing them
-fused into a few flat buckets (Horovod's tensor fusion, DDP's buckets) pays it
-once per bucket.  :class:`GradientBuckets` plans the buckets once from the
-tensors' names and shapes, then every step copies the gradients in, reduces
-each bucket with one call, and copies the results back out.
-
-Layer filters (as in DGC and CGX): tensors that are small (fewer than
-``min_compress`` elements) or one-dimensional (biases, norms), and any name
-listed in ``dense``, go to the *dense* reducer (plain ``MPI_Allreduce`` by
-default) -- compressing them saves nothing and hurts accuracy most.
-
-Keys are stable across steps (``"<prefix>/<bucket index>"``) so that error
-feedback follows each bucket.  ``bucket_bytes=0`` reduces every compressed
-tensor on its own with its own shape (for per-column codecs such as
-``onebit``, whose columns come from the tensor's last axis).
+The plan, the layer filters and the bucket keys are :mod:`hpccomm.buckets`'s;
+here every step copies the gradients into each bucket's flat float32 buffer,
+reduces it with one call, and copies the results back out.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
+from .buckets import Bucket, BucketRunner, plan_buckets
 from .core import Allreducer
 
-
-@dataclass
-class Bucket:
-    key: str
-    names: List[str]
-    offsets: List[int]
-    sizes: List[int]
-    shapes: List[tuple]
-    dense: bool
-    #: reduce with this shape (single-tensor buckets keep the tensor's shape)
-    shape: tuple = ()
-    #: flat float32 storage (allocated by the user of the plan)
-    buffer: Optional[np.ndarray] = field(default=None, repr=False)
-
-    @property
-    def numel(self) -> int:
-        return sum(self.sizes)
+__all__ = ["GradientBuckets", "Bucket", "plan_buckets"]
 
 
-def plan_buckets(shapes: Mapping[str, Sequence[int]], *, bucket_bytes: int = 25 << 20,
-                 min_compress: int = 1024, dense: Iterable[str] = (), compress_1d: bool = False,
-                 prefix: str = "grads") -> List[Bucket]:
-    """Group named tensors into compressed and dense buckets (see the module
-    docstring); the same names and shapes give the same plan on every rank."""
-    shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
-    dense = set(dense)
-    unknown = dense - set(shapes)
-    if unknown:
-        raise KeyError(f"dense names not among the gradients: {sorted(unknown)}")
-    if bucket_bytes < 0:
-        raise ValueError("bucket_bytes must be >= 0")
-    groups: Dict[bool, List[str]] = {True: [], False: []}
-    for name, shape in shapes.items():
-        size = int(np.prod(shape)) if shape else 1
-        groups[name in dense or size < min_compress or (len(shape) <= 1 and not compress_1d)
-               ].append(name)
-    buckets: List[Bucket] = []
-
-    def numel(name):
-        return int(np.prod(shapes[name])) if shapes[name] else 1
-
-    def close(names, is_dense):
-        sizes = [numel(n) for n in names]
-        offsets = [int(o) for o in np.concatenate([[0], np.cumsum(sizes)[:-1]])]
-        shape = shapes[names[0]] if len(names) == 1 else (sum(sizes),)
-        kind = "dense" if is_dense else "bucket"
-        buckets.append(Bucket(key=f"{prefix}/{kind}{len(buckets)}", names=list(names),
-                              offsets=offsets, sizes=sizes, shapes=[shapes[n] for n in names],
-                              dense=is_dense, shape=shape))
-
-    # dense tensors are always fused: their shapes do not matter to MPI_Allreduce
-    for is_dense, limit in ((False, bucket_bytes), (True, bucket_bytes or (25 << 20))):
-        current, current_bytes = [], 0
-        for name in groups[is_dense]:
-            nbytes = 4 * numel(name)
-            if current and (limit == 0 or current_bytes + nbytes > limit):
-                close(current, is_dense)
-                current, current_bytes = [], 0
-            current.append(name)
-            current_bytes += nbytes
-        if current:
-            close(current, is_dense)
-    return buckets
-
-
-class GradientBuckets:
+class GradientBuckets(BucketRunner):
     """Plan and run bucketed reductions of named float32 gradients.
 
     Parameters
@@ -119,45 +44,31 @@ class GradientBuckets:
                  dense_reducer: Optional[Allreducer] = None, bucket_bytes: int = 25 << 20,
                  min_compress: int = 1024, dense: Iterable[str] = (), compress_1d: bool = False,
                  prefix: str = "grads"):
-        self.reducer = reducer
-        self.dense_reducer = dense_reducer or Allreducer(reducer.parent, codec="none",
-                                                         algorithm="mpi", op=reducer.op)
-        if self.dense_reducer.op != reducer.op:
-            raise ValueError("reducer and dense_reducer must use the same op")
-        self.shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}
-        self.buckets = plan_buckets(self.shapes, bucket_bytes=bucket_bytes,
-                                    min_compress=min_compress, dense=dense,
-                                    compress_1d=compress_1d, prefix=prefix)
-        for b in self.buckets:
-            b.buffer = np.empty(b.numel, dtype=np.float32)
-
-    def plan(self) -> List[Tuple[str, bool, List[str]]]:
-        """``(key, dense, names)`` per bucket."""
-        return [(b.key, b.dense, list(b.names)) for b in self.buckets]
+        super().__init__(shapes, reducer, dense_reducer, bucket_bytes=bucket_bytes,
+                         min_compress=min_compress, dense=dense, compress_1d=compress_1d,
+                         prefix=prefix)
+        self._flats = [np.empty(b.numel, dtype=np.float32) for b in self.buckets]
+        for b, flat in zip(self.buckets, self._flats):
+            b.buffer = flat
 
     def reduce(self, grads: Mapping[str, np.ndarray]) -> None:
         """Reduce ``grads`` in place (every array gets its reduced value)."""
         missing = set(self.shapes) - set(grads)
         if missing:
             raise KeyError(f"gradients missing: {sorted(missing)}")
-        for b in self.buckets:
+
+        def fill(b, flat):
             for name, off, size in zip(b.names, b.offsets, b.sizes):
                 g = grads[name]
                 if g.shape != self.shapes[name]:
                     raise ValueError(f"{name}: shape {g.shape}, planned {self.shapes[name]}")
-                b.buffer[off:off + size] = g.reshape(-1)
-            reducer = self.dense_reducer if b.dense else self.reducer
-            view = b.buffer.reshape(b.shape) if b.shape else b.buffer
-            reducer(view, key=b.key, out=view)
+                flat[off:off + size] = g.reshape(-1)
+
+        def drain(b, flat):
             for name, off, size in zip(b.names, b.offsets, b.sizes):
-                grads[name].reshape(-1)[...] = b.buffer[off:off + size]
+                grads[name].reshape(-1)[...] = flat[off:off + size]
 
-    def state_dict(self) -> dict:
-        return {"reducer": self.reducer.state_dict(), "dense": self.dense_reducer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.reducer.load_state_dict(state["reducer"])
-        self.dense_reducer.load_state_dict(state["dense"])
+        self.run(self._flats, fill, drain)
 
     @property
     def bytes_sent(self) -> int:

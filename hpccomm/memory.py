@@ -201,12 +201,13 @@ class DGCMemory(Memory):
         if self.nesterov:
             u += flat
             u *= self.momentum
-            corrected = u + flat
         else:
             u *= self.momentum
             u += flat
-            corrected = u
-        return RESIDUAL.compensate(state, slot, corrected.reshape(g.shape))
+        v = RESIDUAL.compensate(state, slot, u.reshape(g.shape))   # e + u
+        if self.nesterov:
+            v += g                                                   # (e + u) + g
+        return v
 
     def update(self, state, slot, v, decoded):
         RESIDUAL.update(state, slot, v, decoded)

@@ -10,7 +10,7 @@
         opt.step()
 
 The parameters are planned into fusion buckets once
-(:func:`hpccomm.fusion.plan_buckets`: small and 1-D tensors, and names in
+(:mod:`hpccomm.buckets`: small and 1-D tensors, and names in
 ``dense``, go to a dense ``MPI_Allreduce``).  Each bucket owns one flat
 float32 tensor on the parameters' device, and every ``p.grad`` is made a view
 of its slice (``p.grad = flat[off:off+n].view_as(p)``), so autograd
@@ -28,9 +28,8 @@ from __future__ import annotations
 
 from typing import Iterable, Tuple, Union
 
-
+from .buckets import BucketRunner
 from .core import Allreducer
-from .fusion import plan_buckets
 
 
 def _named_parameters(params) -> list:
@@ -43,7 +42,7 @@ def _named_parameters(params) -> list:
     return [(n, p) for n, p in items if p.requires_grad]
 
 
-class GradReducer:
+class GradReducer(BucketRunner):
     """Bucketed in-place reduction of ``.grad`` tensors (see module docstring).
 
     ``params`` is a ``torch.nn.Module``, an iterable of parameters or of
@@ -69,14 +68,14 @@ class GradReducer:
         if len(devices) != 1:
             raise ValueError(f"parameters live on several devices: {sorted(map(str, devices))}")
         self.device = devices.pop()
-        self.reducer = Allreducer(comm, codec=codec, algorithm=algorithm, op=op,
-                                  **reducer_options)
         gpu_aware = reducer_options.get("gpu_aware", "auto")
-        self.dense_reducer = Allreducer(comm, codec="none", algorithm="mpi", op=op,
-                                        gpu_aware=gpu_aware)
-        shapes = {n: tuple(p.shape) for n, p in self.named}
-        self.buckets = plan_buckets(shapes, bucket_bytes=bucket_bytes, min_compress=min_compress,
-                                    dense=dense, compress_1d=compress_1d, prefix="torch")
+        super().__init__({n: tuple(p.shape) for n, p in self.named},
+                         Allreducer(comm, codec=codec, algorithm=algorithm, op=op,
+                                    **reducer_options),
+                         Allreducer(comm, codec="none", algorithm="mpi", op=op,
+                                    gpu_aware=gpu_aware),
+                         bucket_bytes=bucket_bytes, min_compress=min_compress, dense=dense,
+                         compress_1d=compress_1d, prefix="torch")
         self._param = dict(self.named)
         self._flat = []
         for b in self.buckets:
@@ -106,23 +105,14 @@ class GradReducer:
     def __call__(self) -> int:
         """Reduce every gradient in place; returns how many had to be copied."""
         copies = 0
-        for b, flat in zip(self.buckets, self._flat):
+
+        def ensure_views(b, flat):
+            nonlocal copies
             for name, off, size in zip(b.names, b.offsets, b.sizes):
                 copies += self._ensure_view(name, flat[off:off + size].view(self._param[name].shape))
-            reducer = self.dense_reducer if b.dense else self.reducer
-            target = flat.view(b.shape) if len(b.names) == 1 else flat
-            reducer(target, key=b.key, out=target)
+
+        self.run(self._flat, ensure_views)
         return copies
-
-    def plan(self) -> list:
-        return [(b.key, b.dense, list(b.names)) for b in self.buckets]
-
-    def state_dict(self) -> dict:
-        return {"reducer": self.reducer.state_dict(), "dense": self.dense_reducer.state_dict()}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.reducer.load_state_dict(state["reducer"])
-        self.dense_reducer.load_state_dict(state["dense"])
 
     @property
     def stats(self) -> Tuple:

@@ -233,7 +233,7 @@ def test_netem_tiny_run_and_teardown(tmp_path, mode):
 
 
 def test_sparse_bench_runs():
-    proc = run([MPIEXEC, "-n", "2", PY, "-m", "mpi4py", "-m", "hpccomm.bench.sparse", "-n", "4K",
+    proc = run([MPIEXEC, "-n", "2", PY, "-m", "mpi4py", "-m", "hpccomm.bench.sparse_allreduce", "-n", "4K",
                 "-d", "0.01,0.5", "-i", "1", "-x", "0"])
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()

@@ -129,7 +129,7 @@ def test_bench_sizes():
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 @pytest.mark.parametrize("n", [0, 1, 7, 33, 1000])
 def test_count_nonfinite_matches_numpy(dtype, n):
-    from hpccomm.kernels.common import count_nonfinite
+    from hpccomm.kernels.nonfinite import count_nonfinite
 
     rng = np.random.default_rng(n)
     x = rng.standard_normal(n).astype(dtype)
@@ -138,3 +138,21 @@ def test_count_nonfinite_matches_numpy(dtype, n):
         x[0] = -0.0
     assert count_nonfinite(x) == int(np.count_nonzero(~np.isfinite(x)))
     assert count_nonfinite(x.reshape(-1, 1)) == count_nonfinite(x)
+
+
+def test_bf16_rounding_matches_a_plain_numpy_reference_on_every_kind_of_bits():
+    """One bf16 kernel serves the buffers (IEEE: overflow to inf) and the codec
+    (saturating); the buffers' side against numpy, on random bit patterns."""
+    rng = np.random.default_rng(0)
+    u = rng.integers(0, 2 ** 32, size=100_003, dtype=np.uint64).astype(np.uint32)
+    special = np.array([3.4e38, -3.4e38, 3.3961e38, np.inf, -np.inf, np.nan, 0.0, -0.0, 1e-45],
+                       np.float32)
+    for x in (u.view(np.float32), special):
+        w = x.view(np.uint32)
+        want = ((w + (np.uint32(0x7FFF) + ((w >> np.uint32(16)) & np.uint32(1))))
+                >> np.uint32(16))
+        nan = (w & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
+        want = np.where(nan, (w >> np.uint32(16)) | np.uint32(0x40), want).astype(np.uint16)
+        assert np.array_equal(f32_to_bf16_bits(x), want)
+        widened = bf16_bits_to_f32(want)
+        assert np.array_equal(widened.view(np.uint32), want.astype(np.uint32) << np.uint32(16))

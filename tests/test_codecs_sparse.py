@@ -17,10 +17,10 @@ import hpccomm
 from hpccomm.codecs import HEADER_SIZE, EncodeContext, get_codec
 from hpccomm.codecs import dgc as dgc_mod
 from hpccomm.codecs import topk as topk_mod
-from hpccomm.dgc import DGCMomentum, warmup_density
+from hpccomm.dgc_optimizer import DGCMomentum, warmup_density
 from hpccomm.errors import NonFiniteError, PacketError
 from hpccomm.kernels.rng import hash_index_cpu, stream_key
-from hpccomm.kernels.sparse import BLOCK
+from hpccomm.kernels.sparsify import BLOCK
 
 SIZES = [0, 1, 7, 31, 33, 100, 1000, 4097]
 CTX = EncodeContext(seed=5, rank=1, step=3)
@@ -898,8 +898,8 @@ def _cuda_sparse_check():
     """Run with NUMBA_ENABLE_CUDASIM=1: the GPU kernels give the CPU's bits."""
     from numba import config, cuda
 
-    from hpccomm.kernels import cuda_sparse as G
-    from hpccomm.kernels import sparse as K
+    from hpccomm.kernels import cuda_sparsify as G
+    from hpccomm.kernels import sparsify as K
 
     assert config.ENABLE_CUDASIM
     for n in (0, 7, 2 * G.TILE + 5):  # the last spans three tiles

@@ -1,4 +1,4 @@
-"""GPU kernels (:mod:`hpccomm.kernels.cuda`) against the CPU codecs, on numba's
+"""GPU kernels (:mod:`hpccomm.kernels.cuda_quantize`) against the CPU codecs, on numba's
 CUDA simulator.
 
 ``NUMBA_ENABLE_CUDASIM`` must be set before numba is imported, so each check
@@ -46,7 +46,7 @@ def _setup():
     assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
     # the simulator runs the uint64 hash on numpy scalars, which warn on wraparound
     warnings.simplefilter("ignore", RuntimeWarning)
-    from hpccomm.kernels import cuda as gpu
+    from hpccomm.kernels import cuda_quantize as gpu
 
     return gpu
 

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm.collectives.kylix import (choose_degrees, factorizations, hash_multiplier,
+from hpccomm.collectives.sparse.kylix import (choose_degrees, factorizations, hash_multiplier,
                                       union_with_maps)
-from hpccomm.collectives.rle_pipeline import encode_block, merge_blocks
-from hpccomm.collectives.sparse_op import RecordLayout
+from hpccomm.collectives.sparse.rle_pipeline import encode_block, merge_blocks
+from hpccomm.collectives.sparse.mpi_op import RecordLayout
 from hpccomm.collectives.transport import binomial_children
-from hpccomm.collectives.sparsebase import Part, goes_dense, index_dtype, merge_parts
+from hpccomm.collectives.sparse.base import Part, goes_dense, index_dtype, merge_parts
 from hpccomm.errors import NonFiniteError, PacketError
 from hpccomm.kernels import merge as K
 

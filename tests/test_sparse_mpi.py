@@ -11,9 +11,9 @@ import pytest
 
 import hpccomm
 from hpccomm.codecs.base import HEADER_SIZE, Codec, EncodeContext, register_codec
-from hpccomm.collectives.kylix import factorizations
+from hpccomm.collectives.sparse.kylix import factorizations
 from hpccomm.errors import ConsistencyError, NonFiniteError
-from hpccomm.feedback import KeyState
+from hpccomm.state import KeyState
 
 from .helpers import COMM, RANK, SIZE, raise_everywhere, same_on_all_ranks
 
@@ -242,7 +242,7 @@ def test_error_feedback_with_a_lossy_codec(alg):
             e = v - sent
             if r == RANK:
                 own_residual = e
-    assert reducer.feedback.enabled
+    assert reducer.memory.enabled
     for got, ref in zip(results, expect):
         np.testing.assert_array_equal(got, ref.astype(np.float32))
     np.testing.assert_array_equal(residual, own_residual)

@@ -26,7 +26,7 @@ COMMANDS = {
     "netem": ("hpccomm.bench.netem", "the allreduce benchmark on an emulated cluster network "
                                      "(root)"),
     "report": ("hpccomm.bench.report", "markdown table of allreduce JSON with the model's floor"),
-    "sparse": ("hpccomm.bench.sparse", "sparse allreduce algorithms vs MPI_Allreduce by input "
+    "sparse": ("hpccomm.bench.sparse_allreduce", "sparse allreduce algorithms vs MPI_Allreduce by input "
                                        "density (under mpiexec/srun)"),
 }
 

@@ -214,7 +214,7 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
     phases = np.empty((iters, 3))
     sent = np.empty(iters)
     wrong, failures = 0, set()
-    tolerance = reducer.codec.check_tolerance(comm.Get_size(), reducer.feedback.enabled)
+    tolerance = reducer.codec.check_tolerance(comm.Get_size(), reducer.memory.enabled)
     for it in range(iters):
         comm.Barrier()
         t0 = time.perf_counter()
@@ -244,7 +244,7 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
         "time_max": float(np.max(slowest)), "iterations": iters,
         "t_encode": float(worst[0]), "t_comm": float(worst[1]), "t_decode": float(worst[2]),
         "wire_bytes": int(worst[3]), "wire_modelled": bool(reducer.stats.last.modelled),
-        "rel_err": rel, "max_err": max_err, "error_feedback": reducer.feedback.enabled,
+        "rel_err": rel, "max_err": max_err, "error_feedback": reducer.memory.enabled,
         "wrong": wrong if check else None, "check_failures": sorted(failures),
         "check_tolerance": tolerance,
         "result_hash": last_hash, "fresh_hash": result_hash(fresh_out),

@@ -170,7 +170,7 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     compressed = [n for b in buckets.buckets if not b.dense for n in b.names]
     dgc = None
     if use_dgc:
-        from hpccomm.dgc import DGCMomentum
+        from hpccomm.dgc_optimizer import DGCMomentum
 
         dgc = DGCMomentum({k: shapes[k] for k in compressed}, momentum=args.momentum,
                           ratio=dgc_ratio, warmup_epochs=args.dgc_warmup_epochs,
@@ -243,7 +243,7 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     if use_dgc:
         described = f"dgc(ratio={dgc_ratio},warmup={args.dgc_warmup_epochs})+{described}"
     return {"codec": described, "codec_name": codec, "algorithm": algorithm,
-            "error_feedback": reducer.feedback.enabled, "dgc_momentum": use_dgc,
+            "error_feedback": reducer.memory.enabled, "dgc_momentum": use_dgc,
             "fp_last_layer": fp_last, "seed": seed, "epochs": history,
             # a diverged run scores what its (non-finite) weights predict: chance or worse
             "final_acc": history[-1]["test_acc"] if diverged_at is None else 0.0,

@@ -64,9 +64,9 @@ from typing import Optional
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import sparse as K
+from ..kernels import sparsify as K
 from ..kernels.rng import stream_key
-from ._sparse import COUNT_MAX, WIDE_N, SparseCodec, check_count, index_dtype, payload_view
+from .sparsifier import COUNT_MAX, WIDE_N, SparseCodec, check_count, index_dtype, payload_view
 from .base import HEADER_SIZE, register_codec
 
 SALT = 0x61646170  # "adap"

@@ -2,7 +2,7 @@
 
 A codec turns one rank's float32 vector into one contiguous ``uint8`` packet
 and back.  It is pure: no state lives in it between calls (error feedback is
-:mod:`hpccomm.feedback`'s job), and everything random is drawn from a
+:mod:`hpccomm.memory`'s job), and everything random is drawn from a
 counter-based hash of ``(seed, rank, step, global index)`` carried by
 :class:`EncodeContext`, so results do not depend on thread counts, chunking or
 the device.
@@ -30,7 +30,7 @@ from typing import ClassVar, Dict, Optional, Tuple, Type
 import numpy as np
 
 from ..errors import NonFiniteError, PacketError
-from ..kernels.common import count_nonfinite
+from ..kernels.nonfinite import count_nonfinite
 from ..registry import Registry
 
 MAGIC = b"HC"

@@ -9,7 +9,7 @@ Layout (version 1), little-endian::
 Wire size ``16 + 2 n`` bytes: 16 bits per element plus 128 bits of header.
 
 Rounding is to nearest, ties to even (as
-:func:`hpccomm.buffers.f32_to_bf16_bits`), except that finite values whose
+:func:`hpccomm.buffers.f32_to_bf16_bits`, the same kernel), except that finite values whose
 rounding would overflow (``|x| >= 0x7F7F8000`` as bits, about 3.3961e38)
 **saturate** to +-3.3895e38, the largest bfloat16, so a finite input never
 decodes to infinity.  Non-finite input raises
@@ -26,8 +26,11 @@ from .fp16 import HalfWidthCodec
 class Bf16Codec(HalfWidthCodec):
     name = "bf16"
     codec_id = 2
-    _to_bits = staticmethod(K.f32_to_bf16)
     _from_bits = staticmethod(K.bf16_to_f32)
+
+    @staticmethod
+    def _to_bits(u, out):
+        K.f32_to_bf16(u, out, True)   # finite values saturate (see the module docstring)
 
     def check_tolerance(self, nranks, error_feedback):
         # one rounding to 8 significant bits per stage (2**-8 relative), two stages

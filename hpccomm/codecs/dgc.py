@@ -32,15 +32,15 @@ bytes, ``b = 4`` below ``2**31`` elements) under codec id 10.
 
 DGC's optimizer-side parts -- momentum correction, momentum factor masking,
 local gradient clipping and the sparsity warm-up -- are not codec work: see
-:class:`hpccomm.dgc.DGCMomentum`.
+:class:`hpccomm.dgc_optimizer.DGCMomentum`.
 """
 import math
 
 import numpy as np
 
-from ..kernels import sparse as K
+from ..kernels import sparsify as K
 from ..kernels.rng import stream_key
-from ._sparse import check_fraction, index_dtype
+from .sparsifier import check_fraction, index_dtype
 from .base import EncodeContext, register_codec
 from .topk import PairCodec, top_count
 

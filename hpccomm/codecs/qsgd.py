@@ -47,7 +47,7 @@ import numpy as np
 from ..errors import PacketError
 from ..kernels import quantize as K
 from ..kernels.rng import stream_key
-from ._quant import check_total, scale_array, summed_code_dtype
+from .summable_codes import check_total, scale_array, summed_code_dtype
 from .base import HEADER_SIZE, Codec, register_codec
 
 BITS = (2, 4, 8)

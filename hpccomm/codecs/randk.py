@@ -2,11 +2,11 @@
 
 Parameters: ``ratio`` (default 0.01) and ``unbiased`` (default True).  A
 vector of ``n > 0`` elements sends ``k = max(1, ceil(ratio * n))`` values
-(:func:`~hpccomm.codecs._sparse.fraction_count`), so the packet size depends
+(:func:`~hpccomm.codecs.sparsifier.fraction_count`), so the packet size depends
 on ``n`` only: ``fixed_size = True``.
 
 Indices: a uniformly random ``k``-subset of ``[0, n)``, sorted, drawn by
-Floyd's algorithm (:func:`hpccomm.kernels.sparse.floyd_indices`) under the
+Floyd's algorithm (:func:`hpccomm.kernels.sparsify.floyd_indices`) under the
 64-bit *index key*
 ``hash_index(stream_key(seed, 0, step, SALT), offset)`` -- the rank is left
 out, so every rank picks the same indices at the same step and the packets
@@ -52,9 +52,9 @@ PacketError.
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import sparse as K
+from ..kernels import sparsify as K
 from ..kernels.rng import hash_index_cpu, stream_key
-from ._sparse import check_fraction, index_dtype, payload_view
+from .sparsifier import check_fraction, index_dtype, payload_view
 from .base import HEADER_SIZE, Codec, EncodeContext, register_codec
 from .topk import top_count
 

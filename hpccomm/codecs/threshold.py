@@ -46,8 +46,8 @@ from typing import Optional
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import sparse as K
-from ._sparse import (COUNT_MAX, WIDE_N, SparseCodec, check_count, check_fraction,
+from ..kernels import sparsify as K
+from .sparsifier import (COUNT_MAX, WIDE_N, SparseCodec, check_count, check_fraction,
                       fraction_count, index_dtype, payload_view)
 from .base import HEADER_SIZE, register_codec
 

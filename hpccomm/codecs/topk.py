@@ -2,7 +2,7 @@
 
 Parameters: ``ratio`` (default 0.01) and ``exact`` (default False).  A vector
 of ``n > 0`` elements keeps ``k = max(1, ceil(ratio * n))`` entries
-(:func:`~hpccomm.codecs._sparse.fraction_count`; at most ``2**32 - 1``, the
+(:func:`~hpccomm.codecs.sparsifier.fraction_count`; at most ``2**32 - 1``, the
 largest count the header holds).  The rest is dropped: the codec is biased,
 error feedback keeps the dropped part in the residual (on by default).
 
@@ -52,9 +52,9 @@ import math
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import sparse as K
+from ..kernels import sparsify as K
 from ..kernels.rng import stream_key
-from ._sparse import (COUNT_MAX, SparseCodec, check_count, check_fraction, fraction_count,
+from .sparsifier import (COUNT_MAX, SparseCodec, check_count, check_fraction, fraction_count,
                       index_dtype, payload_view)
 from .base import HEADER_SIZE, register_codec
 

@@ -16,24 +16,21 @@ from .base import Algorithm, register_algorithm
 class AllgatherAllreduce(Algorithm):
     name = "allgather"
 
-    def reduce(self, x, out, state, ctx):
+    fuses_feedback = True
+
+    def exchange(self, work, out, state, ctx):
         codec, call, P, r = self.codec, ctx.call, self.size, self.rank
-        fb = ctx.feedback
-        v = fb.compensate(state, "worker", x)
+        n = work.x.size
         with call.time("encode"):
-            packet = codec.encode(v, ctx.encode_context(r))
+            packet = work.encode(0, n, ctx.encode_context(r))
         if P == 1:
             with call.time("decode"):
                 codec.decode(packet, out)
-            fb.update(state, "worker", v, out)
+            work.decoded(0, n, out)
             return
-        size = codec.wire_size(x.size) if codec.fixed_size else None
+        size = codec.wire_size(n) if codec.fixed_size else None
         packets = ctx.net.allgatherv(packet, [size] * P if size is not None else None)
         with call.time("decode"):
             out[...] = 0
             for src in range(P):
                 codec.decode_add(packets[src], out)
-            if fb.enabled:
-                own = codec.decode(packet, self.scratch("own", x.size))
-        if fb.enabled:
-            fb.update(state, "worker", v, own)

@@ -2,17 +2,29 @@
 
 An algorithm moves packets between ranks.  It is built once per
 :class:`~hpccomm.Allreducer` from a communicator (for its rank and size) and a
-codec, and then called as ``reduce(x, out, state, ctx)``:
+codec, and then called as ``reduce(x, out, state, ctx)``, a template that
+owns error feedback (GRACE's ``send_step``)::
+
+    work = Contribution(...)               # v = x + e  (the memory's compensate)
+    self.exchange(work, out, state, ctx)   # encode through work, move, decode into out
+    work.commit()                          # e = v - decode(own packets)  (its update)
+
+Subclasses implement :meth:`Algorithm.exchange` only; they encode this
+rank's data through the :class:`Contribution` (``work.encode(lo, hi, ectx)``,
+or ``work.v`` for algorithms that read the compensated vector otherwise, then
+say what it decoded to with ``work.decoded`` / ``work.sent_pairs``).  A codec
+with ``encode_with_feedback`` then does compensate, encode and the residual
+in one pass.  Arguments:
 
 * ``x`` -- this rank's contribution, a flat contiguous float32 (float64 for
   algorithms that list it in ``dtypes``) numpy array; it must not be modified;
 * ``out`` -- where the **sum** over ranks goes (same size and dtype);
   ``op="mean"`` is applied by the caller, once, afterwards;
-* ``state`` -- the key's :class:`~hpccomm.feedback.KeyState` (residuals, caches);
+* ``state`` -- the key's :class:`~hpccomm.state.KeyState` (residuals, caches);
 * ``ctx`` -- a :class:`~hpccomm.collectives.base.ReduceContext`: the call's
   :class:`~hpccomm.collectives.transport.Transport` (``ctx.net``, through which
   every MPI call goes; ``ctx.call`` is its
-  :class:`~hpccomm.stats.CallStats`), error feedback, step and seed.
+  :class:`~hpccomm.stats.CallStats`), the error-feedback memory, step and seed.
 
 Every rank must produce the same bits in ``out``: sums are taken in a fixed
 order and owners use their decoded results exactly as the other ranks do.
@@ -20,14 +32,15 @@ order and owners use their decoded results exactly as the other ranks do.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Dict, Tuple
+from typing import ClassVar, Dict, Optional, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..codecs.base import Codec, EncodeContext
-from ..feedback import ErrorFeedback, KeyState
+from ..memory import NONE, Memory
 from ..registry import Registry
+from ..state import KeyState
 from ..stats import CallStats
 from .transport import Transport
 
@@ -36,7 +49,8 @@ from .transport import Transport
 class ReduceContext:
     #: the call's MPI calls and their accounting
     net: Transport
-    feedback: ErrorFeedback = field(default_factory=lambda: ErrorFeedback(False))
+    #: the error-feedback memory of the worker side
+    memory: Memory = field(default=NONE)
     seed: int = 0
     step: int = 0
     #: the user's tensor shape (per-column codecs take their column length from it)
@@ -64,12 +78,101 @@ def chunk_bounds(n: int, parts: int, align: int = 1) -> np.ndarray:
     return np.minimum(starts, n)
 
 
+class Contribution:
+    """This rank's compensated vector during one call: the worker side of
+    error feedback, in one place (see the module docstring).
+
+    ``encode(lo, hi, ectx)`` encodes ``v[lo:hi]``; every encoded range must be
+    settled before :meth:`commit` -- by default commit decodes the packets
+    itself, or the algorithm hands over what they decoded to
+    (:meth:`decoded`: it decoded them anyway).  Algorithms that do not send
+    codec packets read :attr:`v` and settle with :meth:`decoded` (summable
+    codes) or :meth:`sent_pairs` (sparse pairs).
+
+    With a fusable memory (the plain residual) and a codec that has
+    ``encode_with_feedback(x, e, ectx) -> packet`` -- which reads ``x`` and
+    ``e`` and rewrites ``e`` in place as ``(x + e) - decode(packet)``, with the
+    bits of the three-step form -- ``encode`` makes one pass and there is
+    nothing left to commit.  The algorithm opts in with ``fuses_feedback``
+    (it touches the vector only through ``encode``)."""
+
+    def __init__(self, codec: Codec, memory: Memory, state: KeyState, x: np.ndarray,
+                 scratch, fuse: bool):
+        self.codec, self.memory, self.state, self.x = codec, memory, state, x
+        self._scratch = scratch
+        self._fused = (fuse and memory.fusable
+                       and getattr(codec, "encode_with_feedback", None) is not None)
+        if self._fused:
+            self._e = memory.residual(state, "worker", x.size)
+            self._v = None
+        else:
+            self._v = memory.compensate(state, "worker", x)
+        self._pending = []          # (lo, hi, packet) not yet settled
+        self._own: Optional[np.ndarray] = None
+        self._pairs = None
+
+    @property
+    def v(self) -> np.ndarray:
+        """The compensated vector ``x + e`` (the memory's compensate)."""
+        if self._v is None:
+            raise RuntimeError("fused error feedback: the compensated vector is never formed")
+        return self._v
+
+    def encode(self, lo: int, hi: int, ectx: EncodeContext) -> np.ndarray:
+        """The packet of ``v[lo:hi]``."""
+        if self._fused:
+            return self.codec.encode_with_feedback(self.x[lo:hi], self._e[lo:hi], ectx)
+        packet = self.codec.encode(self._v[lo:hi], ectx)
+        if self.memory.enabled:
+            self._pending.append((lo, hi, packet))
+        return packet
+
+    def _own_buffer(self) -> np.ndarray:
+        if self._own is None:
+            self._own = self._scratch("own", self.x.size)
+        return self._own
+
+    def decoded(self, lo: int, hi: int, values: np.ndarray) -> None:
+        """``v[lo:hi]`` went out as ``values`` (what its packet decodes to)."""
+        if not self.memory.enabled or self._fused:
+            return
+        self._pending = [p for p in self._pending if not (p[0] == lo and p[1] == hi)]
+        if lo == 0 and hi == self.x.size:
+            self._own = values
+        else:
+            self._own_buffer()[lo:hi] = values
+
+    def sent_pairs(self, idx: np.ndarray, vals: np.ndarray) -> None:
+        """``v`` went out as the sparse pairs ``(idx, vals)``."""
+        self._pairs = (idx, vals)
+
+    def commit(self, call: CallStats) -> None:
+        """Update the memory with what went out (decoding unsettled packets)."""
+        if not self.memory.enabled or self._fused:
+            return
+        if self._pairs is not None:
+            self.memory.update_sparse(self.state, "worker", self._v, *self._pairs)
+            return
+        if self._pending:
+            own = self._own_buffer()
+            with call.time("decode"):
+                for lo, hi, packet in self._pending:
+                    self.codec.decode(packet, own[lo:hi])
+            self._pending = []
+        if self._own is None:
+            raise RuntimeError("error feedback: nothing was encoded or settled")
+        self.memory.update(self.state, "worker", self._v, self._own)
+
+
 class Algorithm:
     name: ClassVar[str] = ""
     #: dtypes the algorithm reduces natively
     dtypes: ClassVar[Tuple[str, ...]] = ("float32",)
     #: can run on device buffers directly (GPU-aware MPI)
     supports_device: ClassVar[bool] = False
+    #: touches the compensated vector only through ``Contribution.encode``
+    #: (so a codec's ``encode_with_feedback`` may fuse the bracket)
+    fuses_feedback: ClassVar[bool] = False
 
     def __init__(self, comm: MPI.Comm, codec: Codec, **options):
         if options:
@@ -101,6 +204,15 @@ class Algorithm:
 
     def reduce(self, x: np.ndarray, out: np.ndarray, state: KeyState,
                ctx: ReduceContext) -> None:
+        """Error feedback around :meth:`exchange` (see the module docstring)."""
+        work = Contribution(self.codec, ctx.memory, state, x, self.scratch, self.fuses_feedback)
+        self.exchange(work, out, state, ctx)
+        work.commit(ctx.call)
+
+    def exchange(self, work: Contribution, out: np.ndarray, state: KeyState,
+                 ctx: ReduceContext) -> None:
+        """Write the sum over ranks of the contributions into ``out``; encode
+        this rank's through ``work`` and settle it (see :class:`Contribution`)."""
         raise NotImplementedError
 
     def reduce_device(self, x, out, backend, state, ctx) -> None:  # pragma: no cover

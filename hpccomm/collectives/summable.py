@@ -10,8 +10,8 @@ QSGD with MAX-shared bucket scales, random-k with shared indices):
    the float32 values at the shared indices);
 3. ``t = SUM-allreduce(c)`` in ``codec.summable_dtype(P)``: int8 while
    ``P * max|code| <= 127``, wider beyond, so the sum cannot overflow;
-4. ``out = codec.from_summable(t, s)``; error feedback keeps
-   ``e = v - from_summable(c, s)``.
+4. ``out = codec.from_summable(t, s)``; error feedback (the template's)
+   keeps ``e = v - from_summable(c, s)``.
 
 Integer sums are exact and order-free, so every rank gets the same bits.
 Bytes per rank ``~ 2 (P-1)/P * |c|`` plus the scales (modelled: MPI's internal traffic).
@@ -30,10 +30,9 @@ class SummableAllreduce(Algorithm):
             raise ValueError(f"algorithm 'summable' needs a summable codec; {codec.name!r} is not "
                              "(try 'twoshot' or 'allgather')")
 
-    def reduce(self, x, out, state, ctx):
+    def exchange(self, work, out, state, ctx):
         codec, P, net, call = self.codec, self.size, ctx.net, ctx.call
-        fb = ctx.feedback
-        v = fb.compensate(state, "worker", x)
+        v = work.v
         with call.time("encode"):
             scale = codec.shared_scale(v)
         if scale is not None and P > 1:
@@ -46,8 +45,7 @@ class SummableAllreduce(Algorithm):
             net.allreduce(total)
         with call.time("decode"):
             codec.from_summable(total, scale, out)
-            if fb.enabled:
-                own = np.empty(x.size, dtype=np.float32)
+            if ctx.memory.enabled:  # what this rank's codes stand for
+                own = self.scratch("own", v.size)
                 codec.from_summable(codes, scale, own)
-        if fb.enabled:
-            fb.update(state, "worker", v, own)
+                work.decoded(0, v.size, own)

@@ -6,7 +6,8 @@ compressed allreduce and CGX:
 1. Cut ``[0, n)`` into ``P`` chunks at multiples of the codec's alignment
    (:func:`~hpccomm.collectives.base.chunk_bounds`; e.g. whole columns for
    per-column codecs), the same on every rank.
-2. Every rank adds its worker residual, ``v = x + e_w``, and encodes each chunk
+2. Every rank adds its worker residual, ``v = x + e_w`` (the template's
+   memory, :class:`~hpccomm.collectives.base.Contribution`), and encodes each chunk
    separately (chunk ``j`` encodes with ``offset`` = its start, so stochastic
    codecs draw the same numbers as a whole-vector encode would).
 3. One ``MPI_Alltoallv`` sends chunk ``j`` to rank ``j`` (counts are exchanged
@@ -33,23 +34,23 @@ from .base import Algorithm, chunk_bounds, register_algorithm
 class TwoShot(Algorithm):
     name = "twoshot"
 
-    def reduce(self, x, out, state, ctx):
+    fuses_feedback = True
+
+    def exchange(self, work, out, state, ctx):
         codec, net, call, P, r = self.codec, ctx.net, ctx.call, self.size, self.rank
-        n = x.size
-        fb = ctx.feedback
-        v = fb.compensate(state, "worker", x)
+        n = work.x.size
         if P == 1:  # no communication: the codec round trip
             with call.time("encode"):
-                packet = codec.encode(v, ctx.encode_context(r))
+                packet = work.encode(0, n, ctx.encode_context(r))
             with call.time("decode"):
                 codec.decode(packet, out)
-            fb.update(state, "worker", v, out)
+            work.decoded(0, n, out)
             return
         bounds = chunk_bounds(n, P, codec.align(ctx.shape))
         lens = np.diff(bounds)
         with call.time("encode"):
-            packets = [codec.encode(v[bounds[j]:bounds[j + 1]], ctx.encode_context(r, bounds[j]))
-                       for j in range(P)]
+            packets = [work.encode(int(bounds[j]), int(bounds[j + 1]),
+                                   ctx.encode_context(r, bounds[j])) for j in range(P)]
         fixed = [codec.wire_size(int(m)) for m in lens] if codec.fixed_size else None
         recv_sizes = [fixed[r]] * P if fixed is not None else None
         received = net.alltoallv(packets, recv_sizes)
@@ -59,17 +60,12 @@ class TwoShot(Algorithm):
             acc[:] = 0
             for src in range(P):  # rank order: the same sum on every owner
                 codec.decode_add(received[src], acc)
-            if fb.enabled:  # this rank's own quantization error, for its worker residual
-                decoded_own = self.scratch("own", n)
-                for j in range(P):
-                    codec.decode(packets[j], decoded_own[bounds[j]:bounds[j + 1]])
-        w = fb.compensate(state, "owner", acc)
+        owner = ctx.memory.owner
+        w = owner.compensate(state, "owner", acc)
         with call.time("encode"):
             owner_packet = codec.reencode(w, ctx.encode_context(P + r, lo))
         gathered = net.allgatherv(owner_packet, fixed)
         with call.time("decode"):
             for j in range(P):
                 codec.decode(gathered[j], out[bounds[j]:bounds[j + 1]])
-        if fb.enabled:
-            fb.update(state, "owner", w, out[lo:hi])
-            fb.update(state, "worker", v, decoded_own)
+        owner.update(state, "owner", w, out[lo:hi])

@@ -1,5 +1,5 @@
 """Host-side helpers shared by the ``numba.cuda`` kernel modules
-(:mod:`hpccomm.kernels.cuda`, :mod:`hpccomm.kernels.cuda_sparse`)."""
+(:mod:`hpccomm.kernels.cuda_quantize`, :mod:`hpccomm.kernels.cuda_sparsify`)."""
 import numpy as np
 from numba import cuda
 

@@ -15,7 +15,7 @@ built on them promise bit-identical results on every rank:
   the order given.
 * :func:`scatter_add` -- ``out[i] += v`` in input order (``out`` left operand).
 
-Run-length coding (Hofmann & Rünger style; :mod:`hpccomm.collectives.rle_pipeline`)
+Run-length coding (Hofmann & Rünger style; :mod:`hpccomm.collectives.sparse.rle_pipeline`)
 of a block of ``m`` float32 values is a ``uint32`` word array::
 
     word 0       nseg (number of segments), or RLE_DENSE (0xFFFFFFFF)
@@ -356,7 +356,7 @@ def rle_to_pairs(words, lo, m, idx_dtype_probe):
 
 
 # ---------------------------------------------------------------------------
-# Fixed-capacity sparse records (user-defined MPI_Op; see collectives.sparse_op)
+# Fixed-capacity sparse records (user-defined MPI_Op; see collectives.sparse.mpi_op)
 # ---------------------------------------------------------------------------
 @njit(cache=True)
 def record_merge(hdr_a, idx_a, val_a, dense_a, hdr_b, idx_b, val_b, dense_b, cap):

@@ -4,7 +4,7 @@ numba ``@njit(cache=True)`` loops over flat, contiguous arrays.  The codecs in
 :mod:`hpccomm.codecs` validate every size and header field before calling
 them: the kernels do no bounds checks.
 
-Conventions shared with :mod:`hpccomm.kernels.cuda` (which produces the same
+Conventions shared with :mod:`hpccomm.kernels.cuda_quantize` (which produces the same
 bytes):
 
 * random numbers: element ``i`` of the encoded vector draws
@@ -124,16 +124,18 @@ def f16_to_f32(h, out, add):
 
 
 @njit(cache=True)
-def f32_to_bf16(u, out):
+def f32_to_bf16(u, out, saturate):
     """float32 bit patterns (uint32) -> bfloat16 bit patterns (uint16),
-    nearest even.  Finite values that would round to infinity saturate to the
-    largest bfloat16 (+-3.3895e38); NaN becomes a quiet NaN of the same sign."""
+    nearest even; NaN becomes a quiet NaN of the same sign.  With
+    ``saturate`` (the codec) finite values that would round to infinity
+    become the largest bfloat16 (+-3.3895e38); without (a user's bfloat16
+    result) they round to infinity, as IEEE rounding does."""
     for i in range(u.size):
         w = np.int64(u[i])
         a = w & 0x7FFFFFFF
         if a > 0x7F800000:
             h = (w >> 16) | 0x40
-        elif a >= 0x7F7F8000 and a < 0x7F800000:
+        elif saturate and a >= 0x7F7F8000 and a < 0x7F800000:
             h = ((w >> 16) & 0x8000) | 0x7F7F
         else:
             h = (w + 0x7FFF + ((w >> 16) & 1)) >> 16

@@ -10,7 +10,7 @@ the counter.  :func:`uniform01` keeps the top 24 bits, so the float32 is exact:
 
 The element functions are plain Python on uint64 values so that the same source
 compiles with ``numba.njit`` (here) and ``numba.cuda.jit(device=True)``
-(:mod:`hpccomm.kernels.cuda`): CPU and GPU kernels draw identical bits.
+(:mod:`hpccomm.kernels.cuda_quantize`): CPU and GPU kernels draw identical bits.
 """
 import numpy as np
 from numba import njit

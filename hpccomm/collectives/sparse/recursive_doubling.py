@@ -1,7 +1,7 @@
 """``sparse_rd``: SparCML's sparse recursive doubling (SSAR_Recursive_double).
 
 Every rank starts with its own contribution as one sparse stream over
-``[0, n)`` (:class:`~hpccomm.collectives.sparsebase.Part`).  With
+``[0, n)`` (:class:`~hpccomm.collectives.sparse.base.Part`).  With
 ``p2 = 2**floor(log2 P)`` and ``rem = P - p2``:
 
 1. **Fold** (only when ``P`` is not a power of two): among ranks
@@ -21,7 +21,7 @@ Every rank starts with its own contribution as one sparse stream over
 
 Wire format per message: one int64 byte count (``Sendrecv``), then the
 stream's payload (``Sendrecv``), sparse ``[indices | values]`` or dense
-values, told apart by the length (see :mod:`.sparsebase`).
+values, told apart by the length (see :mod:`.base`).
 
 Bit identity: both partners of a round merge the *same two streams* in the
 *same order* with the same (deterministic) kernel, so they leave the round
@@ -36,8 +36,8 @@ Cost (``k`` non-zeros per rank, ``b``-byte indices, no fill-in overlap):
 -- and ``4 n log2 P`` once dense.  Best for small ``P k``; for large data
 ``sparse_split`` moves fewer bytes.
 """
-from .base import register_algorithm
-from .sparsebase import Part, SparseAlgorithm, finish, index_dtype
+from ..base import register_algorithm
+from .base import Part, SparseAlgorithm, finish, index_dtype
 
 
 @register_algorithm

@@ -33,8 +33,8 @@ skewed inputs each owner gets about ``1/P`` of the pairs instead of all.
 """
 import numpy as np
 
-from .base import chunk_bounds, register_algorithm
-from .sparse_split import SparseSplitAllgather
+from ..base import chunk_bounds, register_algorithm
+from .split_allgather import SparseSplitAllgather
 
 _INT64_MAX = 2 ** 63 - 1
 

@@ -69,9 +69,9 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..kernels import merge as K
-from .base import register_algorithm
-from .sparsebase import SparseAlgorithm, index_dtype
+from ...kernels import merge as K
+from ..base import register_algorithm
+from .base import SparseAlgorithm, index_dtype
 
 ALPHA = 20e-6          #: modelled seconds per message
 BETA = 1.0 / 1.25e9    #: modelled seconds per byte

@@ -53,10 +53,10 @@ from __future__ import annotations
 from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
-from ..errors import PacketError
-from ..kernels import merge as K
-from .base import Algorithm
-from .transport import Transport
+from ...errors import PacketError
+from ...kernels import merge as K
+from ..base import Algorithm
+from ..transport import Transport
 
 VALUE_BYTES = 4
 
@@ -272,14 +272,13 @@ class SparseAlgorithm(Algorithm):
     the same ``n``; the caller has validated ``idx`` (increasing, inside
     ``[0, n)``, dtype :func:`index_dtype`) and ``vals`` (float32)."""
 
-    def reduce(self, x, out, state, ctx):
-        fb, call = ctx.feedback, ctx.call
-        v = fb.compensate(state, "worker", x)
+    def exchange(self, work, out, state, ctx):
+        call = ctx.call
         with call.time("encode"):
-            idx, vals = sparsify(self.codec, v, ctx.encode_context(self.rank))
+            idx, vals = sparsify(self.codec, work.v, ctx.encode_context(self.rank))
         call.extra["nnz"] = int(idx.size)
-        self.reduce_sparse(idx, vals, x.size, state, ctx.net, out)
-        fb.update_sparse(state, "worker", v, idx, vals)
+        self.reduce_sparse(idx, vals, work.x.size, state, ctx.net, out)
+        work.sent_pairs(idx, vals)
 
     def reduce_sparse(self, idx: np.ndarray, vals: np.ndarray, n: int, state, net: Transport,
                       out: Optional[np.ndarray] = None):

@@ -4,7 +4,7 @@ payload views.
 
 Every sparsifier also offers :meth:`SparseCodec.sparsify`, the ``(indices,
 values)`` pairs its packet would carry -- what the sparse allreduce algorithms
-(:mod:`hpccomm.collectives.sparsebase`) reduce instead of packets.  The pairs
+(:mod:`hpccomm.collectives.sparse.base`) reduce instead of packets.  The pairs
 are exactly the entries ``decode(encode(x))`` writes.
 """
 from __future__ import annotations

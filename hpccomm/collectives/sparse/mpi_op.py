@@ -63,9 +63,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import merge as K
-from .base import register_algorithm
-from .sparsebase import Part, SparseAlgorithm, finish, index_dtype
+from ...kernels import merge as K
+from ..base import register_algorithm
+from .base import Part, SparseAlgorithm, finish, index_dtype
 
 HEADER_BYTES = 16
 

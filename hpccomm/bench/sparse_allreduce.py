@@ -1,6 +1,6 @@
 """Sparse allreduce algorithms against a dense ``MPI_Allreduce`` of the same length.
 
-    mpiexec -n P python -m mpi4py -m hpccomm.bench.sparse [-n 16M] [-d 0.001,0.01,0.1]
+    mpiexec -n P python -m mpi4py -m hpccomm.bench.sparse_allreduce [-n 16M] [-d 0.001,0.01,0.1]
 
 Every rank draws ``round(density * n)`` distinct random indices (uniform over
 ``[0, n)``, seeded by rank) with N(0, 1) values and calls
@@ -50,7 +50,7 @@ def parse_densities(text: str):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m hpccomm.bench.sparse",
+    p = argparse.ArgumentParser(prog="python -m hpccomm.bench.sparse_allreduce",
                                 description=__doc__.split("\n\n")[0])
     p.add_argument("-n", "--length", type=parse_count, default=16 << 20,
                    help="vector length in float32 elements (K, M, G = 2**10, 2**20, 2**30; "
@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     from mpi4py import MPI
 
     import hpccomm
-    from hpccomm.feedback import KeyState
+    from hpccomm.state import KeyState
 
     numba.set_num_threads(1)
     comm = MPI.COMM_WORLD

@@ -32,11 +32,11 @@ from mpi4py import MPI
 
 from .codecs.base import get_codec
 from .collectives.base import ALGORITHMS
-from .collectives.sparsebase import SparseAlgorithm, index_dtype
+from .collectives.sparse import SparseAlgorithm, index_dtype
 from .communicators import private_comm
 from .collectives.transport import Transport
 from .errors import NonFiniteError
-from .feedback import KeyState
+from .state import KeyState
 from .kernels import merge as K
 from .options import resolve_options
 from .stats import CallStats
@@ -202,7 +202,7 @@ def sparse_allreduce(sv: Union[SparseVector, tuple], comm: Optional[MPI.Comm] = 
         For a dense result: a contiguous float32 array of length ``n`` to
         write it into (and return), instead of a new one.
     state:
-        A :class:`~hpccomm.feedback.KeyState` to keep algorithm caches between
+        A :class:`~hpccomm.state.KeyState` to keep algorithm caches between
         calls (``kylix`` reuses its routing configuration while every rank's
         index set repeats).  Pass the same object on every call of one tensor.
     stats:
@@ -256,7 +256,7 @@ def _prepare(parent, sv, algorithm, result, out, state, stats, options):
             raise ValueError(f"out must be a writeable contiguous float32 array of shape "
                              f"({vec.n},)")
     if state is not None and not isinstance(state, KeyState):
-        raise TypeError(f"state must be a hpccomm.feedback.KeyState, not {type(state).__name__}")
+        raise TypeError(f"state must be a hpccomm.state.KeyState, not {type(state).__name__}")
     if stats is not None and not isinstance(stats, CallStats):
         raise TypeError(f"stats must be a hpccomm.CallStats, not {type(stats).__name__}")
     cls = ALGORITHMS.get(algorithm)

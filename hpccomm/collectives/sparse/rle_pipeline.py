@@ -43,9 +43,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..kernels import merge as K
-from .base import register_algorithm
-from .sparsebase import SparseAlgorithm, index_dtype
+from ...kernels import merge as K
+from ..base import register_algorithm
+from .base import SparseAlgorithm, index_dtype
 
 TAG_REDUCE = 11
 TAG_BCAST = 12

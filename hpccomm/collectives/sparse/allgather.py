@@ -1,7 +1,7 @@
 """``sparse_allgather``: every rank's (index, value) pairs to every rank.
 
 Each rank encodes its whole contribution as one stream over ``[0, n)``
-(:class:`~hpccomm.collectives.sparsebase.Part`: ``[int32/int64 indices |
+(:class:`~hpccomm.collectives.sparse.base.Part`: ``[int32/int64 indices |
 float32 values]``, or the dense float32 vector when that is not larger); one
 ``MPI_Allgather`` of the int64 byte counts and one ``MPI_Allgatherv`` deliver
 all ``P`` streams to everyone.  Every rank then sums them **in rank order**:
@@ -15,8 +15,8 @@ non-zeros of rank ``j``, ``b``-byte indices) and does ``O(sum k_j)`` work --
 growing with ``P``.  The simplest choice for tiny ``P k``; crossover with a
 dense ring allreduce near ``P k (b + 4) ~ 8 n``.
 """
-from .base import register_algorithm
-from .sparsebase import Part, SparseAlgorithm, finish, index_dtype, merge_parts
+from ..base import register_algorithm
+from .base import Part, SparseAlgorithm, finish, index_dtype, merge_parts
 
 
 @register_algorithm

@@ -1,7 +1,7 @@
 """GPU kernels (numba.cuda) of the sparsifying codecs.
 
 Each function returns **the same values** as its CPU counterpart in
-:mod:`hpccomm.kernels.sparse` -- selections are in ascending index order
+:mod:`hpccomm.kernels.sparsify` -- selections are in ascending index order
 whatever the launch geometry, and decoding does one store (or one float32
 add) per entry, exactly as on the CPU:
 
@@ -108,7 +108,7 @@ def _compact_tiles(x, t, starts, idx, vals):
 
 def select_abs_ge(x, t, index_dtype):
     """``(idx, vals)`` device arrays: every ``i`` with ``|x_i| >= t`` and
-    ``x_i != 0``, ascending (see :func:`hpccomm.kernels.sparse.select_abs_ge`)."""
+    ``x_i != 0``, ascending (see :func:`hpccomm.kernels.sparsify.select_abs_ge`)."""
     x = _device(x, np.float32)
     t = np.float32(t)
     tiles = (x.size + TILE - 1) // TILE

@@ -4,17 +4,17 @@
    (:func:`~hpccomm.collectives.base.chunk_bounds`, the same on every rank);
    rank ``j`` owns range ``j``.  Each rank cuts its sorted pairs at the range
    boundaries and encodes each range as a stream
-   (:class:`~hpccomm.collectives.sparsebase.Part`: sparse pairs, or dense
+   (:class:`~hpccomm.collectives.sparse.base.Part`: sparse pairs, or dense
    values when those are not larger).
 2. **Reduce-scatter**: byte counts by ``MPI_Alltoall`` (int64), the streams by
    ``MPI_Alltoallv``; the owner merge-sums the ``P`` streams of its range **in
-   rank order** (:func:`~hpccomm.collectives.sparsebase.merge_parts`).
+   rank order** (:func:`~hpccomm.collectives.sparse.base.merge_parts`).
 3. **Allgather**: each owner re-encodes its reduced range in whichever form
    is smaller -- sparse pairs (exact zeros dropped) or dense values; the
    payload length is the per-range flag -- and one ``MPI_Allgatherv`` (counts
    first) delivers every range to every rank, which decodes them in place.
 
-Wire format: every payload is a stream as in :mod:`.sparsebase` --
+Wire format: every payload is a stream as in :mod:`.base` --
 ``[int32/int64 global indices | float32 values]`` or ``float32`` values of the
 whole range; counts are int64 bytes.
 
@@ -30,8 +30,8 @@ collectives plus the count exchanges.  Skewed inputs (all mass in one range)
 load one owner with everything; the bytes stay correct but that owner's
 merge and its single range dominate.
 """
-from .base import chunk_bounds, register_algorithm
-from .sparsebase import Part, SparseAlgorithm, finish, index_dtype, merge_parts, parts_for_ranges
+from ..base import chunk_bounds, register_algorithm
+from .base import Part, SparseAlgorithm, finish, index_dtype, merge_parts, parts_for_ranges
 
 
 @register_algorithm

@@ -59,7 +59,7 @@ from typing import Dict, Iterable, Mapping, Optional, Sequence
 
 import numpy as np
 
-from .codecs._sparse import check_fraction
+from .codecs.sparsifier import check_fraction
 from .codecs.base import EncodeContext
 from .codecs.dgc import dgc_select
 from .codecs.topk import top_count

@@ -1,0 +1,95 @@
+"""The error-feedback template under MPI: a codec's fused ``encode_with_feedback``
+gives the bits of the three-step form, and ``codec="dgc"`` with DGC's memory
+gives the bits of DGC wired by hand (``hpccomm.dgc_optimizer.DGCMomentum``)."""
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm.codecs.base import get_codec
+from hpccomm.dgc_optimizer import DGCMomentum
+from hpccomm.memory import DGCMemory
+
+from .helpers import COMM, RANK, SIZE, digest, same_on_all_ranks
+
+pytestmark = pytest.mark.mpi
+
+CODECS = [("onebit", {}), ("qsgd", {"bits": 4}), ("topk", {"ratio": 0.1}), ("fp16", {})]
+
+
+def fused_codec(name, options, forget=False):
+    """``name``'s codec with an ``encode_with_feedback`` written in numpy (the
+    shape of the fused kernels: read x and e, write the packet and the new e);
+    ``forget=True`` leaves ``e`` untouched -- the broken variant."""
+    base = type(get_codec(name, **options))
+    calls = []
+
+    def encode_with_feedback(self, x, e, ctx):
+        calls.append(x.size)
+        v = x + e
+        packet = self.encode(v, ctx)
+        if not forget:
+            e[...] = v - self.decode(packet, np.empty(v.size, np.float32))
+        return packet
+
+    cls = type(f"Fused{base.__name__}", (base,), {"encode_with_feedback": encode_with_feedback})
+    return cls(**options), calls
+
+
+def run_steps(codec, algorithm, steps=3, n=1003):
+    reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm=algorithm, error_feedback=True,
+                                 seed=5)
+    outs = []
+    for step in range(steps):
+        rng = np.random.default_rng(100 * step + RANK)
+        outs.append(reducer(rng.standard_normal(n).astype(np.float32), key="g"))
+    residual = reducer.state_dict()["keys"]["g"]["residuals"]["worker"]
+    return [digest(o) for o in outs], digest(residual)
+
+
+@pytest.mark.parametrize("algorithm", ["twoshot", "allgather"])
+@pytest.mark.parametrize("name,options", CODECS)
+def test_encode_with_feedback_gives_the_bits_of_the_three_step_form(name, options, algorithm):
+    plain = run_steps(get_codec(name, **options), algorithm)
+    codec, calls = fused_codec(name, options)
+    fused = run_steps(codec, algorithm)
+    broken = run_steps(fused_codec(name, options, forget=True)[0], algorithm)
+    used = bool(calls)
+    agree = same_on_all_ranks(np.frombuffer("".join(fused[0]).encode(), np.uint8))
+    assert used, "the template never called encode_with_feedback"
+    assert fused == plain
+    assert agree
+    # the comparison can fail: a fused encode that drops the residual is caught
+    assert broken[1] != plain[1] and broken[0][1:] != plain[0][1:]
+
+
+def test_the_mpi_algorithm_keeps_no_memory_even_when_asked():
+    reducer = hpccomm.Allreducer(COMM, codec="none", algorithm="mpi", error_feedback=True)
+    x = np.array([-0.0, 1.0, 2.5], np.float32)
+    out = reducer(x, key="k")
+    np.testing.assert_array_equal(out, x * SIZE)
+    assert "worker" not in reducer.state_dict()["keys"]["k"]["residuals"]
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+@pytest.mark.parametrize("algorithm,hand_codec", [("allgather", ("topk", {"ratio": 1.0})),
+                                                  ("sparse_allgather", ("none", {}))])
+def test_dgc_memory_equals_dgc_wired_by_hand(algorithm, hand_codec, nesterov):
+    shape, ratio, seed, steps = (40, 31), 0.02, 11, 5
+    auto = hpccomm.Allreducer(COMM, codec="dgc", ratio=ratio, algorithm=algorithm, seed=seed,
+                              error_feedback=DGCMemory(momentum=0.9, nesterov=nesterov))
+    dgc = DGCMomentum({"w": shape}, momentum=0.9, ratio=ratio, warmup_epochs=0,
+                      nesterov=nesterov, seed=seed, rank=RANK)
+    hand = hpccomm.Allreducer(COMM, codec=hand_codec[0], algorithm=algorithm,
+                              error_feedback=False, seed=seed, **hand_codec[1])
+    got, want = [], []
+    for step in range(steps):
+        g = np.random.default_rng(7 * step + 1000 * RANK).standard_normal(shape).astype(np.float32)
+        got.append(digest(auto(g, key="w")))
+        to_send = dgc.accumulate({"w": g})
+        want.append(digest(hand(to_send["w"], key="w")))
+        dgc.sent(to_send)
+    saved = auto.state_dict()["keys"]["w"]["residuals"]
+    memory_matches = (digest(saved["worker"]) == digest(dgc.v["w"].reshape(-1))
+                      and digest(saved["momentum"]) == digest(dgc.u["w"].reshape(-1)))
+    assert got == want
+    assert memory_matches
