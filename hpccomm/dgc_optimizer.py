@@ -21,6 +21,10 @@ and lives here in :class:`DGCMomentum`:
 
 Use with an :class:`~hpccomm.Allreducer`
 ----------------------------------------
+Without warm-up or clipping, the reducer does all of it itself:
+``Allreducer(comm, codec="dgc", ratio=0.001, error_feedback=DGCMemory(0.9))``
+(:class:`hpccomm.memory.DGCMemory`; the same bits as the wiring below).
+With them, wire this class by hand.
 DGC's accumulation ``v`` *is* the error feedback: what is not sent stays in
 ``v``.  So the Allreducer must not keep residuals of its own
 (``error_feedback=False``), and it must deliver the selected entries
