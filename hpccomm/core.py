@@ -58,6 +58,10 @@ class Allreducer:
         reused host buffers.
     seed:
         Seed of the counter-based random numbers of stochastic codecs.
+    fused:
+        Let a codec with a fused kernel do error feedback and its encode in
+        one pass (default).  ``False`` runs the three-step reference
+        (compensate, encode, decode and subtract): the same bits, slower.
     **options:
         Codec or algorithm parameters, routed by name (e.g. ``ratio=0.01``
         for ``topk``).
@@ -65,7 +69,7 @@ class Allreducer:
 
     def __init__(self, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
                  algorithm: str = "mpi", op: str = "sum", error_feedback: Any = None,
-                 check: str = "always", gpu_aware: Any = "auto", seed: int = 0,
+                 check: str = "always", gpu_aware: Any = "auto", seed: int = 0, fused: bool = True,
                  codec_options: Optional[dict] = None, algorithm_options: Optional[dict] = None,
                  **options):
         self.parent = MPI.COMM_WORLD if comm is None else comm
@@ -80,6 +84,7 @@ class Allreducer:
         self.codec: Optional[Codec] = None
         self.algorithm: Optional[Algorithm] = None
         self.op, self.check, self.seed = op, check, int(seed)
+        self.fused = bool(fused)
         #: the error a bad configuration raises, or None.  Construction errors
         #: are not raised here: the first call (which is collective) raises
         #: them on every rank alike.
@@ -205,7 +210,8 @@ class Allreducer:
                 self._states[key] = state
         call = CallStats(key=key or "", n=buf.size)
         ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
-                            seed=self.seed, step=state.step, shape=buf.shape)
+                            seed=self.seed, step=state.step, shape=buf.shape,
+                            fused=self.fused)
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, ctx)
         else:

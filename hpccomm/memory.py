@@ -72,10 +72,15 @@ class Memory:
                       vals: np.ndarray) -> None:
         """``v`` went out as the pairs ``(idx, vals)`` (``idx`` strictly increasing)."""
 
-    def residual(self, state: KeyState, slot: str, n: int) -> Optional[np.ndarray]:
-        """For fused codecs: the slot's residual of ``n`` elements, to be read
-        and rewritten in place (zeros the first time); None when not fusable."""
-        return None
+    def fused_buffers(self, state: KeyState, slot: str, n: int):
+        """For fused codecs (``fusable`` memories): ``(e, e_out)``, the slot's
+        residual of ``n`` elements (None before the first update) and the
+        buffer the new one is written to; :meth:`commit_fused` makes ``e_out``
+        the residual.  Until then the old residual is untouched."""
+        raise NotImplementedError(f"memory {self.name!r} is not fusable")
+
+    def commit_fused(self, state: KeyState, slot: str) -> None:
+        raise NotImplementedError(f"memory {self.name!r} is not fusable")
 
     @property
     def owner(self) -> "Memory":
@@ -161,11 +166,21 @@ class ResidualMemory(Memory):
             state.residuals[slot] = flat
         flat[idx] -= vals
 
-    def residual(self, state, slot, n):
+    def fused_buffers(self, state, slot, n):
         e = state.residuals.get(slot)
-        if e is None or e.size != n:
-            e = state.residuals[slot] = np.zeros(n, dtype=np.float32)
-        return e
+        if e is not None and e.size != n:
+            e = None
+        spare = state.spares.get(slot)
+        if spare is None or spare.size != n:
+            spare = state.spares[slot] = np.empty(n, dtype=np.float32)
+        return e, spare
+
+    def commit_fused(self, state, slot):
+        spare = state.spares.pop(slot)
+        old = state.residuals.get(slot)
+        state.residuals[slot] = spare
+        if old is not None and old.size == spare.size:
+            state.spares[slot] = old
 
 
 NONE = NoMemory()

@@ -55,6 +55,8 @@ class ReduceContext:
     step: int = 0
     #: the user's tensor shape (per-column codecs take their column length from it)
     shape: tuple = ()
+    #: let codecs fuse error feedback into their encode (False: the reference path)
+    fused: bool = True
 
     @property
     def call(self) -> CallStats:
@@ -90,11 +92,13 @@ class Contribution:
     codes) or :meth:`sent_pairs` (sparse pairs).
 
     With a fusable memory (the plain residual) and a codec that has
-    ``encode_with_feedback(x, e, ectx) -> packet`` -- which reads ``x`` and
-    ``e`` and rewrites ``e`` in place as ``(x + e) - decode(packet)``, with the
-    bits of the three-step form -- ``encode`` makes one pass and there is
-    nothing left to commit.  The algorithm opts in with ``fuses_feedback``
-    (it touches the vector only through ``encode``)."""
+    ``encode_with_feedback(x, e, e_out, ectx) -> packet`` -- which reads ``x``
+    and ``e`` (None: no residual yet, ``v = x``) and writes the packet of
+    ``v = x + e`` and ``e_out = v - decode(packet)``, with the bits of the
+    three-step form -- ``encode`` makes one pass and commit only swaps
+    ``e_out`` in as the residual (an error before it leaves the old one).  The
+    algorithm opts in with ``fuses_feedback`` (it touches the vector only
+    through ``encode``); ``fuse=False`` forces the three-step reference."""
 
     def __init__(self, codec: Codec, memory: Memory, state: KeyState, x: np.ndarray,
                  scratch, fuse: bool):
@@ -103,7 +107,7 @@ class Contribution:
         self._fused = (fuse and memory.fusable
                        and getattr(codec, "encode_with_feedback", None) is not None)
         if self._fused:
-            self._e = memory.residual(state, "worker", x.size)
+            self._e, self._e_out = memory.fused_buffers(state, "worker", x.size)
             self._v = None
         else:
             self._v = memory.compensate(state, "worker", x)
@@ -121,7 +125,8 @@ class Contribution:
     def encode(self, lo: int, hi: int, ectx: EncodeContext) -> np.ndarray:
         """The packet of ``v[lo:hi]``."""
         if self._fused:
-            return self.codec.encode_with_feedback(self.x[lo:hi], self._e[lo:hi], ectx)
+            e = None if self._e is None else self._e[lo:hi]
+            return self.codec.encode_with_feedback(self.x[lo:hi], e, self._e_out[lo:hi], ectx)
         packet = self.codec.encode(self._v[lo:hi], ectx)
         if self.memory.enabled:
             self._pending.append((lo, hi, packet))
@@ -148,7 +153,10 @@ class Contribution:
 
     def commit(self, call: CallStats) -> None:
         """Update the memory with what went out (decoding unsettled packets)."""
-        if not self.memory.enabled or self._fused:
+        if self._fused:
+            self.memory.commit_fused(self.state, "worker")
+            return
+        if not self.memory.enabled:
             return
         if self._pairs is not None:
             self.memory.update_sparse(self.state, "worker", self._v, *self._pairs)
@@ -205,7 +213,8 @@ class Algorithm:
     def reduce(self, x: np.ndarray, out: np.ndarray, state: KeyState,
                ctx: ReduceContext) -> None:
         """Error feedback around :meth:`exchange` (see the module docstring)."""
-        work = Contribution(self.codec, ctx.memory, state, x, self.scratch, self.fuses_feedback)
+        work = Contribution(self.codec, ctx.memory, state, x, self.scratch,
+                            self.fuses_feedback and ctx.fused)
         self.exchange(work, out, state, ctx)
         work.commit(ctx.call)
 

@@ -246,6 +246,51 @@ def onebit_encode(x, col_len, means, words):
         words[n >> 5] = carry
 
 
+@njit(cache=True)
+def onebit_encode_feedback(x, e, has_e, col_len, means, words, e_out):
+    """:func:`onebit_encode` of ``v = x + e`` (``v = x`` without ``has_e``)
+    and the new residual ``e_out = v - decode(packet)``, in one pass over
+    ``x`` and ``e``.
+
+    Per column, ``v`` is written to ``e_out`` block by block while the sums
+    and sign bits are taken; once the column's means are known, a second look
+    at ``e_out`` (in cache for columns up to L2 size) subtracts the mean of
+    each element's sign class -- the same bits as decoding the packet and
+    subtracting.  Returns the number of non-finite ``v`` (counted on the way;
+    ``e_out`` is then meaningless)."""
+    n = x.size
+    acc = np.zeros(2 * LANES)
+    carry = np.int64(0)
+    bad = 0
+    for c in range(means.size // 2):
+        lo = c * col_len
+        hi = min(lo + col_len, n)
+        acc[:] = 0.0
+        npos = 0
+        for blo in range(lo, hi, BLOCK):
+            bhi = min(blo + BLOCK, hi)
+            if has_e:
+                for i in range(blo, bhi):
+                    e_out[i] = x[i] + e[i]
+            else:
+                for i in range(blo, bhi):
+                    e_out[i] = x[i]
+            for i in range(blo, bhi):
+                bad += not (abs(e_out[i]) < np.inf)
+            npos += _sign_sums(e_out[blo:bhi], acc)
+            carry = _pack_signs(e_out, blo, bhi, words, carry)
+        means[2 * c] = _lane_total(acc, 0) / max(npos, 1)
+        means[2 * c + 1] = _lane_total(acc, LANES) / max(hi - lo - npos, 1)
+        mp = means[2 * c]
+        mn = means[2 * c + 1]
+        for i in range(lo, hi):
+            v = e_out[i]
+            e_out[i] = v - (mp if v >= 0 else mn)
+    if n & 31:
+        words[n >> 5] = carry
+    return bad
+
+
 #: single-bit masks: ``w & _BITS[k]`` with a constant ``k`` per unrolled lane
 #: vectorizes (compare + blend), where ``(w >> k) & 1`` did not
 _BITS = np.array([1 << k for k in range(32)], dtype=np.uint32)
