@@ -217,6 +217,108 @@ def _pack_signs(x, lo, hi, words, carry):
     return carry
 
 
+@njit(cache=True, inline="always")
+def _sign_sums_from(xb, acc, lane):
+    """:func:`_sign_sums` for a piece of a column whose first element falls
+    in lane ``lane``: the same lanes, so the same sums, however the column
+    is cut into pieces."""
+    m = xb.size
+    head = min(m, (LANES - lane) % LANES)
+    npos = 0
+    for k in range(head):
+        v = np.float64(xb[k])
+        p = v >= 0
+        pos = v if p else 0.0
+        acc[lane + k] += pos
+        acc[LANES + lane + k] += v - pos
+        npos += np.int64(p)
+    return npos + _sign_sums(xb[head:], acc)
+
+
+#: ``q * _PACK_MAGIC >> 56`` gathers the low bits of the 8 bytes of ``q``
+#: into one byte, byte ``j`` to bit ``j`` (no carries: the products do not overlap)
+_PACK_MAGIC = np.uint64(0x0102040810204080)
+
+
+@njit(cache=True, inline="always")
+def _pack_sign_block(v, blo, m, wbytes, flags):
+    """Sign bits (``v >= 0``) of ``v[blo:blo + m]`` into the bytes of the
+    words (``blo`` a multiple of 8): a compare per element into ``flags``
+    (uint8), then 8 flags to a byte with one multiply -- vertical operations
+    that vectorize, where a shift-or per bit did not."""
+    for k in range(m):
+        flags[k] = v[blo + k] >= 0
+    q = flags.view(np.uint64)
+    full = m // 8
+    base = blo // 8
+    for j in range(full):
+        wbytes[base + j] = (q[j] * _PACK_MAGIC) >> np.uint64(56)
+    if m % 8:
+        b = 0
+        for k in range(m % 8):
+            b |= np.int64(flags[8 * full + k]) << k
+        wbytes[base + full] = b
+
+
+@njit(cache=True)
+def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out):
+    """The one onebit encoder (see :func:`onebit_encode` and
+    :func:`onebit_encode_feedback`).  Walks ``[0, n)`` in blocks of
+    :data:`BLOCK`: forms ``v`` (into ``e_out`` with ``feedback``), packs its
+    signs, adds each column's piece to the column's lane sums; when a column
+    ends, writes its means and, with ``feedback``, ``e_out = v - mean`` over
+    it (a second look that hits cache unless the column is larger than the
+    cache).  Returns the number of non-finite ``v``."""
+    n = x.size
+    ncols = means.size // 2
+    acc = np.zeros(2 * LANES)
+    flags = np.zeros(BLOCK, dtype=np.uint8)
+    wbytes = words.view(np.uint8)
+    src = e_out if feedback else x
+    bad = 0
+    c = 0
+    npos = 0
+    for blo in range(0, n, BLOCK):
+        bhi = min(blo + BLOCK, n)
+        if feedback:
+            nonfin = 0
+            if has_e:
+                for i in range(blo, bhi):
+                    v = x[i] + e[i]
+                    e_out[i] = v
+                    nonfin += (v - v) != 0          # inf - inf and NaN are NaN
+            else:
+                for i in range(blo, bhi):
+                    v = x[i]
+                    e_out[i] = v
+                    nonfin += (v - v) != 0
+            bad += nonfin
+        _pack_sign_block(src, blo, bhi - blo, wbytes, flags)
+        pos = blo
+        while pos < bhi and c < ncols:
+            lo = c * col_len
+            hi = min(lo + col_len, n)
+            end = min(hi, bhi)
+            npos += _sign_sums_from(src[pos:end], acc, (pos - lo) % LANES)
+            pos = end
+            if end == hi:                      # the column is complete
+                mp = np.float32(_lane_total(acc, 0) / max(npos, 1))
+                mn = np.float32(_lane_total(acc, LANES) / max(hi - lo - npos, 1))
+                means[2 * c] = mp
+                means[2 * c + 1] = mn
+                if feedback:
+                    for i in range(lo, hi):
+                        v = e_out[i]
+                        e_out[i] = v - (mp if v >= 0 else mn)
+                acc[:] = 0.0
+                npos = 0
+                c += 1
+    tail = (n + 7) // 8                        # unused bytes of the last word are 0
+    for j in range(tail, 4 * words.size):
+        wbytes[j] = 0
+    return bad
+
+
 @njit(cache=True)
 def onebit_encode(x, col_len, means, words):
     """Sign bits and per-column means of ``x``, reading ``x`` once.
@@ -224,71 +326,22 @@ def onebit_encode(x, col_len, means, words):
     Columns are the runs ``[c H, min((c + 1) H, n))``, ``H = col_len``.
     ``means[2c]`` gets the mean of the column's entries ``>= 0`` and
     ``means[2c + 1]`` the mean of its entries ``< 0`` (0 for an empty class):
-    float64 lane sums divided by the count, rounded once to float32.
-    ``words`` (uint32, ``ceil(n / 32)``) gets bit ``i mod 32`` of word
-    ``i // 32`` set iff ``x[i] >= 0``; unused bits of the last word are 0.
+    float64 lane sums (element ``i`` in lane ``(i - c H) mod LANES``) divided
+    by the count, rounded once to float32.  ``words`` (uint32,
+    ``ceil(n / 32)``) gets bit ``i mod 32`` of word ``i // 32`` set iff
+    ``x[i] >= 0``; unused bits of the last word are 0.
     """
-    n = x.size
-    acc = np.zeros(2 * LANES)
-    carry = np.int64(0)
-    for c in range(means.size // 2):
-        lo = c * col_len
-        hi = min(lo + col_len, n)
-        acc[:] = 0.0
-        npos = 0
-        for blo in range(lo, hi, BLOCK):
-            bhi = min(blo + BLOCK, hi)
-            npos += _sign_sums(x[blo:bhi], acc)
-            carry = _pack_signs(x, blo, bhi, words, carry)
-        means[2 * c] = _lane_total(acc, 0) / max(npos, 1)
-        means[2 * c + 1] = _lane_total(acc, LANES) / max(hi - lo - npos, 1)
-    if n & 31:
-        words[n >> 5] = carry
+    _onebit_encode(x, x, False, False, col_len, means, words, x)
 
 
 @njit(cache=True)
 def onebit_encode_feedback(x, e, has_e, col_len, means, words, e_out):
     """:func:`onebit_encode` of ``v = x + e`` (``v = x`` without ``has_e``)
     and the new residual ``e_out = v - decode(packet)``, in one pass over
-    ``x`` and ``e``.
-
-    Per column, ``v`` is written to ``e_out`` block by block while the sums
-    and sign bits are taken; once the column's means are known, a second look
-    at ``e_out`` (in cache for columns up to L2 size) subtracts the mean of
-    each element's sign class -- the same bits as decoding the packet and
-    subtracting.  Returns the number of non-finite ``v`` (counted on the way;
-    ``e_out`` is then meaningless)."""
-    n = x.size
-    acc = np.zeros(2 * LANES)
-    carry = np.int64(0)
-    bad = 0
-    for c in range(means.size // 2):
-        lo = c * col_len
-        hi = min(lo + col_len, n)
-        acc[:] = 0.0
-        npos = 0
-        for blo in range(lo, hi, BLOCK):
-            bhi = min(blo + BLOCK, hi)
-            if has_e:
-                for i in range(blo, bhi):
-                    e_out[i] = x[i] + e[i]
-            else:
-                for i in range(blo, bhi):
-                    e_out[i] = x[i]
-            for i in range(blo, bhi):
-                bad += not (abs(e_out[i]) < np.inf)
-            npos += _sign_sums(e_out[blo:bhi], acc)
-            carry = _pack_signs(e_out, blo, bhi, words, carry)
-        means[2 * c] = _lane_total(acc, 0) / max(npos, 1)
-        means[2 * c + 1] = _lane_total(acc, LANES) / max(hi - lo - npos, 1)
-        mp = means[2 * c]
-        mn = means[2 * c + 1]
-        for i in range(lo, hi):
-            v = e_out[i]
-            e_out[i] = v - (mp if v >= 0 else mn)
-    if n & 31:
-        words[n >> 5] = carry
-    return bad
+    ``x`` and ``e`` (``v`` lives in ``e_out`` until its column's means are
+    known) -- the same bits as encoding, decoding and subtracting.  Returns
+    the number of non-finite ``v`` (``e_out`` is then meaningless)."""
+    return _onebit_encode(x, e, has_e, True, col_len, means, words, e_out)
 
 
 #: single-bit masks: ``w & _BITS[k]`` with a constant ``k`` per unrolled lane
