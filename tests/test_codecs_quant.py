@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import hpccomm
-from hpccomm.codecs.base import HEADER, HEADER_SIZE, EncodeContext
+from hpccomm.codecs.base import HEADER, HEADER_SIZE, VECTOR_COLUMN, EncodeContext
 from hpccomm.errors import NonFiniteError, PacketError
 from hpccomm.kernels.rng import stream_key, uniform_array
 
@@ -193,7 +193,7 @@ def reference(name, params, x, ctx):
     if name == "bf16":
         return ref_bf16(x)
     if name == "onebit":
-        return ref_onebit(x, params.get("col_len") or max(x.size, 1))
+        return ref_onebit(x, params.get("col_len") or min(max(x.size, 1), VECTOR_COLUMN))
     if name == "terngrad":
         return ref_terngrad(x, ctx, params.get("clip", 2.5))
     return ref_qsgd(x, ctx, **params)
@@ -204,7 +204,7 @@ def formula(name, params, n):
     if name in ("fp16", "bf16"):
         return 16 + 2 * n
     if name == "onebit":
-        H = params.get("col_len") or max(n, 1)
+        H = params.get("col_len") or min(max(n, 1), VECTOR_COLUMN)
         return 16 + 8 * math.ceil(n / H) + 4 * math.ceil(n / 32)
     if name == "terngrad":
         return 20 + math.ceil(n / 4)
@@ -238,7 +238,8 @@ def test_decode_and_decode_add(name, params, n):
     if name == "fp16":
         np.testing.assert_array_equal(y, x.astype(np.float16).astype(np.float32))
     elif name == "onebit":
-        np.testing.assert_array_equal(y, ref_onebit_decode(x, params.get("col_len") or max(n, 1)))
+        np.testing.assert_array_equal(y, ref_onebit_decode(
+            x, params.get("col_len") or min(max(n, 1), VECTOR_COLUMN)))
     elif name in ("terngrad", "qsgd"):
         bits = params.get("bits", 2 if name == "terngrad" else 4)
         levels = 2 ** (bits - 1) - 1
@@ -288,12 +289,16 @@ def test_bad_parameters(name, params):
 def test_onebit_column_length_from_shape_and_align():
     codec = hpccomm.get_codec("onebit")
     x = data(100)
+    # 1-D and scalar shapes: VECTOR_COLUMN, clamped to the vector's length
     for shape, H in [((4, 25), 25), ((2, 5, 10), 10), ((100,), 100), ((), 100)]:
         packet = codec.encode(x, EncodeContext(shape=shape))
         assert int(packet[:HEADER_SIZE].view(HEADER)[0]["extra"]) == H
         np.testing.assert_array_equal(packet, ref_onebit(x, H))
-        assert codec.align(shape) == (H if shape else 1)
+        assert codec.align(shape) == (H if len(shape) >= 2 else VECTOR_COLUMN)
         assert codec.wire_size(100, shape) == packet.size
+    long = data(3 * VECTOR_COLUMN + 5)
+    packet = codec.encode(long, EncodeContext(shape=long.shape))
+    np.testing.assert_array_equal(packet, ref_onebit(long, VECTOR_COLUMN))
     assert codec.wire_size(100) is None
     assert codec.max_wire_size(100) == 16 + 8 * 100 + 4 * 4
     fixed = hpccomm.get_codec("onebit", col_len=30)

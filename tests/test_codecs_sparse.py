@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 import hpccomm
 from hpccomm.codecs import HEADER_SIZE, EncodeContext, get_codec
+from hpccomm.codecs.base import VECTOR_COLUMN
 from hpccomm.codecs import dgc as dgc_mod
 from hpccomm.codecs import topk as topk_mod
 from hpccomm.dgc_optimizer import DGCMomentum, warmup_density
@@ -471,7 +472,7 @@ def test_adaptive_exact_columns_match_numpy(n, pi, H):
     np.testing.assert_array_equal(roundtrip(codec, x)[1], ref_adaptive_exact(x, min(H, n), pi, 4))
 
 
-@pytest.mark.parametrize("shape", [(4, 2500), (10_000,), ()])
+@pytest.mark.parametrize("shape", [(4, 2500), (2, 5000), (10_000,), ()])
 def test_adaptive_sampled_columns(shape):
     """Long columns sample their threshold.  Whatever it is: per sign, every
     sent entry is at least every unsent one, at most cap(h) are sent, and the
@@ -481,7 +482,7 @@ def test_adaptive_sampled_columns(shape):
     codec = get_codec("adaptive", proportion=pi)
     ctx = EncodeContext(seed=1, shape=shape)
     H = codec.column_length(x.size, shape)
-    assert H == (2500 if len(shape) == 2 else 10_000) and H > codec.samples
+    assert H == (shape[-1] if len(shape) == 2 else VECTOR_COLUMN) and H > codec.samples
     out = codec.roundtrip(x, ctx)
     for lo in range(0, x.size, H):
         col, dec = x[lo:lo + H], out[lo:lo + H]
@@ -499,8 +500,10 @@ def test_adaptive_sampled_columns(shape):
 
 def test_adaptive_columns_follow_shape_and_align():
     codec = get_codec("adaptive", proportion=4)
-    assert codec.align((3, 7)) == 7 and codec.align((50,)) == 50 and codec.align(()) == 1
+    assert codec.align((3, 7)) == 7
+    assert codec.align((50,)) == VECTOR_COLUMN and codec.align(()) == VECTOR_COLUMN
     assert codec.column_length(21, (3, 7)) == 7 and codec.column_length(21, ()) == 21
+    assert codec.column_length(3 * VECTOR_COLUMN + 1, (3 * VECTOR_COLUMN + 1,)) == VECTOR_COLUMN
     assert codec.column_length(5, (3, 7)) == 5
     assert get_codec("adaptive", col_len=9).align((3, 7)) == 9
     packet = codec.encode(data(21), EncodeContext(shape=(3, 7)))

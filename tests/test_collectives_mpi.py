@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm.codecs.base import EncodeContext
+from hpccomm.codecs.base import VECTOR_COLUMN, EncodeContext
 from hpccomm.collectives.base import chunk_bounds
 from hpccomm.errors import ConsistencyError
 
@@ -268,3 +268,33 @@ def test_stats_count_bytes_and_phases(codec):
     if size is not None and SIZE > 1 and n % SIZE == 0 and make_codec(codec).align((n,)) == 1:
         # all-to-all: P-1 chunk packets out; allgather: P-1 owner packets in
         assert last.bytes_sent == 2 * (SIZE - 1) * size
+
+
+def alltoall_shares(codec, n, **options):
+    """Every rank's bytes into twoshot's all-to-all for a 1-D vector of ``n``,
+    and one column's packet bytes."""
+    reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", error_feedback=False,
+                                 **options)
+    x = rank_data(n, RANK)
+    reducer(x)
+    return COMM.allgather(reducer.stats.last.bytes_sent)
+
+
+@pytest.mark.parametrize("codec", ["onebit", "adaptive"])
+def test_per_column_codecs_on_1d_input_give_every_rank_a_fair_share(codec):
+    """The wire bytes of twoshot on a 1-D vector are spread evenly: no rank
+    sends more than 1/P of the total by more than one column's packet in each
+    of the two phases (all-to-all, allgather) plus the headers.  With a whole-vector column (the old default, passed explicitly
+    here) rank 0 owned every chunk and the check fails."""
+    n = 1024 * 1024 + 13
+    # one column's packet: onebit's format; adaptive's documented bound for one column
+    col_bytes = (16 + 8 + VECTOR_COLUMN // 8 if codec == "onebit" else
+                 hpccomm.get_codec(codec, col_len=VECTOR_COLUMN).max_wire_size(VECTOR_COLUMN))
+    def fair(shares):
+        total = sum(shares)
+        return max(shares) <= total / SIZE + 2 * col_bytes + 16 * SIZE
+    balanced = alltoall_shares(codec, n)
+    whole = alltoall_shares(codec, n, col_len=n)
+    assert fair(balanced), balanced
+    if SIZE > 1:
+        assert not fair(whole), whole

@@ -90,3 +90,4 @@ def test_allreducer_reports_its_configuration_error_without_raising():
     r = hpccomm.Allreducer(codec="onebit", algorithm="mpi")
     assert isinstance(r.config_error, ValueError) and "takes codec='none'" in str(r.config_error)
     assert hpccomm.Allreducer(codec="onebit", algorithm="twoshot").config_error is None
+

@@ -7,7 +7,8 @@ Parameters: ``proportion`` ``pi`` (integer >= 1, default 64), ``col_len``
 Columns: the vector is cut into columns of ``H`` contiguous elements, the last
 one possibly shorter.  ``H = col_len`` when given, else from
 ``EncodeContext.shape``: its last axis when it has two or more dimensions,
-otherwise the whole vector is one column (biases, norms).  ``H`` is clipped to
+otherwise :data:`~hpccomm.codecs.base.VECTOR_COLUMN` (4096) elements, so that a
+1-D vector's chunks stay balanced across ranks.  ``H`` is clipped to
 the vector's length and must stay below ``2**31``.  :meth:`Adaptive.align`
 returns the column length, so that algorithms cut vectors between columns.
 
@@ -67,7 +68,7 @@ from ..errors import PacketError
 from ..kernels import sparsify as K
 from ..kernels.rng import stream_key
 from .sparsifier import COUNT_MAX, WIDE_N, SparseCodec, check_count, index_dtype, payload_view
-from .base import HEADER_SIZE, register_codec
+from .base import HEADER_SIZE, VECTOR_COLUMN, register_codec
 
 SALT = 0x61646170  # "adap"
 PREFIX = HEADER_SIZE + 4
@@ -105,16 +106,12 @@ class Adaptive(SparseCodec):
             return self.col_len
         if len(shape) >= 2:
             return max(1, int(shape[-1]))
-        if len(shape) == 1:
-            return max(1, int(shape[0]))
-        return 1
+        return VECTOR_COLUMN
 
     def column_length(self, n: int, shape: tuple) -> int:
         """``H`` for a vector of ``n`` elements encoded with ``shape``."""
         if n == 0:
             return 0
-        if self.col_len is None and len(shape) < 2:
-            return n
         return min(n, self.align(shape))
 
     def _column_max(self, h: int) -> int:

@@ -37,6 +37,12 @@ MAGIC = b"HC"
 HEADER = np.dtype([("magic", "S2"), ("version", "<u1"), ("codec", "<u1"), ("extra", "<u4"),
                    ("n", "<u8")])
 HEADER_SIZE = HEADER.itemsize  # 16
+#: column length of the per-column codecs (onebit, adaptive) for input of
+#: fewer than two axes when no ``col_len`` is given: short enough that chunked
+#: algorithms cut a 1-D vector into balanced chunks (a whole-vector column gave
+#: rank 0 every chunk), long enough that the 8 bytes of a column cost 1/512 bit
+#: per element (see docs/results.md for the measurement behind it)
+VECTOR_COLUMN = 4096
 
 
 @dataclass(frozen=True)

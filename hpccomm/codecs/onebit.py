@@ -14,8 +14,9 @@ decodes exactly.  The estimator is biased: ``biased = True`` turns error
 feedback on by default (the paper's central point).
 
 Column length ``H``: the ``col_len`` parameter, or with ``col_len=None`` the
-last axis of ``EncodeContext.shape`` when it has two or more axes, else the
-whole vector.  The ``H`` used is written into the packet, so decoding needs
+last axis of ``EncodeContext.shape`` when it has two or more axes, else
+:data:`~hpccomm.codecs.base.VECTOR_COLUMN` (4096) elements, so that a 1-D
+vector's chunks stay balanced across ranks.  The ``H`` used is written into the packet, so decoding needs
 no parameter; it is stored clamped to ``[1, max(n, 1)]`` (a longer column is
 the same single column).  :meth:`OneBitCodec.align` returns ``H`` so that
 chunked algorithms cut at column boundaries.
@@ -39,13 +40,12 @@ Since the size depends on ``H``, a codec with ``col_len=None`` does not know
 its size from ``n`` alone: such instances have ``fixed_size = False`` and
 ``wire_size(n)`` is None unless a ``shape`` is passed.
 """
-import math
 
 import numpy as np
 
 from ..errors import NonFiniteError, PacketError
 from ..kernels import quantize as K
-from .base import HEADER_SIZE, Codec, register_codec
+from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, register_codec
 
 #: largest column length the header's uint32 field holds
 COL_LEN_MAX = 2**32 - 1
@@ -79,15 +79,13 @@ class OneBitCodec(Codec):
     def column_length(self, shape: tuple = (), n: int = None) -> int:
         """The column length for a tensor of ``shape`` (before clamping to
         the encoded length): ``col_len``, else ``shape[-1]`` for two or more
-        axes, else the whole vector (``n``, or the size of ``shape``)."""
+        axes, else :data:`~hpccomm.codecs.base.VECTOR_COLUMN`."""
         if self.col_len is not None:
             return self.col_len
         shape = tuple(int(s) for s in shape)
         if len(shape) >= 2:
             return max(shape[-1], 1)
-        if n is None:
-            n = math.prod(shape)
-        return max(int(n), 1)
+        return VECTOR_COLUMN
 
     def align(self, shape):
         return self.column_length(shape)

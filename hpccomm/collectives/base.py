@@ -69,15 +69,18 @@ class ReduceContext:
 
 def chunk_bounds(n: int, parts: int, align: int = 1) -> np.ndarray:
     """``parts + 1`` boundaries cutting ``[0, n)`` into ``parts`` contiguous
-    chunks whose starts are multiples of ``align`` (the last chunk takes the
-    ragged end).  Units of ``align`` elements are shared as evenly as possible,
-    the first ``units % parts`` chunks taking one more -- the same on every rank
-    for any ``n``, including ``n < parts`` (trailing chunks are then empty)."""
+    chunks whose starts are multiples of ``align``.  The ``n // align`` whole
+    units are shared as evenly as possible, the first ``units % parts``
+    chunks taking one more, and the ragged end (``n % align`` elements) goes
+    to the last chunk, which then never has more than a unit above the
+    others: every chunk is within one unit of ``n / parts``.  The same on
+    every rank for any ``n``, including ``n < parts`` (trailing chunks are
+    then empty) and ``n < align`` (the last chunk takes all)."""
     align = max(1, int(align))
-    units = -(-n // align)
+    units, _ = divmod(n, align)
     q, r = divmod(units, parts)
-    starts = np.array([align * (j * q + min(j, r)) for j in range(parts + 1)], dtype=np.int64)
-    return np.minimum(starts, n)
+    starts = np.array([align * (j * q + min(j, r)) for j in range(parts)] + [n], dtype=np.int64)
+    return starts
 
 
 class Contribution:
