@@ -683,21 +683,25 @@ def test_unaligned_packets_decode_alike(name, params):
     np.testing.assert_array_equal(decode(codec, buf[3:], 1000), decode(codec, packet, 1000))
 
 
-@pytest.mark.parametrize("n,col_len", [(0, None), (1, None), (31, 7), (33, None), (1000, 64),
-                                       (4097 * 3 + 5, 4097), (70_001, 1 << 16)])
-@pytest.mark.parametrize("has_e", [False, True])
-def test_onebit_encode_with_feedback_is_encode_decode_subtract(n, col_len, has_e):
-    """The fused kernel against the three steps it replaces, bit for bit
-    (packet and new residual); zeros of both signs included."""
-    from hpccomm.codecs.base import EncodeContext, get_codec
+FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097}),
+         ("onebit", {"col_len": 1 << 16}), ("fp16", {}), ("bf16", {})]
 
-    codec = get_codec("onebit", col_len=col_len)
+
+@pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
+@pytest.mark.parametrize("name,params", FUSED)
+@pytest.mark.parametrize("has_e", [False, True])
+def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
+    """Every fused kernel against the three steps it replaces, bit for bit
+    (packet and new residual): zeros of both signs, subnormals, values beyond
+    fp16's range (saturated) included."""
+    codec = hpccomm.get_codec(name, **params)
     rng = np.random.default_rng(n)
     x = rng.standard_normal(n).astype(np.float32)
-    x[: min(n, 4)] = np.array([0.0, -0.0, 1e-40, -1e-40], np.float32)[: min(n, 4)]
+    special = np.array([0.0, -0.0, 1e-40, -1e-40, 7e4, -1e5, 3.4e38, 6e-8], np.float32)
+    x[: min(n, special.size)] = special[: min(n, special.size)]
     e = rng.standard_normal(n).astype(np.float32) * np.float32(0.1) if has_e else None
-    if has_e and n > 5:
-        e[4:6] = (-0.0, 0.0)
+    if has_e and n > 10:
+        e[8:10] = (-0.0, 0.0)
     ctx = EncodeContext(shape=(n,))
     e_out = np.full(n, np.nan, np.float32)
     packet = codec.encode_with_feedback(x, e, e_out, ctx)
@@ -708,15 +712,15 @@ def test_onebit_encode_with_feedback_is_encode_decode_subtract(n, col_len, has_e
     assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
-def test_onebit_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual():
-    from hpccomm.codecs.base import EncodeContext, get_codec
-    from hpccomm.errors import NonFiniteError
-
+@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16"])
+def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     x = np.arange(10, dtype=np.float32)
     x[7] = np.inf
     e = np.ones(10, np.float32)
     with pytest.raises(NonFiniteError, match="1 NaN/Inf"):
-        get_codec("onebit").encode_with_feedback(x, e, np.empty(10, np.float32), EncodeContext())
+        hpccomm.get_codec(name).encode_with_feedback(x, e, np.empty(10, np.float32),
+                                                     EncodeContext())
     assert (e == 1).all()
     out = np.empty(10, np.float32)
-    get_codec("onebit", nonfinite="propagate").encode_with_feedback(x, e, out, EncodeContext())
+    hpccomm.get_codec(name, nonfinite="propagate").encode_with_feedback(x, e, out,
+                                                                        EncodeContext())

@@ -225,6 +225,26 @@ class Codec:
                                  "(policy nonfinite='raise')")
         return x
 
+    def _feedback_arrays(self, x, e, e_out):
+        """Check the arrays of an ``encode_with_feedback(x, e, e_out, ctx)``:
+        float32, contiguous, one length (``e`` may be None); return them flat."""
+        x = np.asarray(x).reshape(-1)
+        for name, a in (("x", x), ("e", e), ("e_out", e_out)):
+            if a is None:
+                continue
+            if (not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.size != x.size
+                    or not a.flags.c_contiguous):
+                raise ValueError(f"{self.name}: {name} must be contiguous float32 of "
+                                 f"{x.size} elements")
+        return x, (None if e is None else e.reshape(-1)), e_out.reshape(-1)
+
+    def _raise_nonfinite(self, bad: int) -> None:
+        """Raise for ``bad`` non-finite values counted by a fused kernel,
+        under ``nonfinite="raise"``."""
+        if bad and self.nonfinite == "raise":
+            raise NonFiniteError(f"{self.name}: input holds {bad} NaN/Inf value(s) "
+                                 "(policy nonfinite='raise')")
+
     def new_packet(self, nbytes: int, n: int, extra: int = 0) -> np.ndarray:
         """A zeroed packet of ``nbytes`` with the common header filled in."""
         packet = np.zeros(nbytes, dtype=np.uint8)

@@ -26,6 +26,7 @@ from .fp16 import HalfWidthCodec
 class Bf16Codec(HalfWidthCodec):
     name = "bf16"
     codec_id = 2
+    bfloat = True
     _from_bits = staticmethod(K.bf16_to_f32)
 
     @staticmethod

@@ -30,7 +30,10 @@ class HalfWidthCodec(Codec):
 
     Subclasses set ``_to_bits(u, out)`` (float32 bit patterns as uint32 ->
     uint16) and ``_from_bits(bits, out, add)`` (uint16 -> float32), kernels of
-    :mod:`hpccomm.kernels.quantize`."""
+    :mod:`hpccomm.kernels.quantize`; ``bfloat`` says which format the fused
+    encode rounds to."""
+
+    bfloat = False
 
     def wire_size(self, n):
         return HEADER_SIZE + 2 * n
@@ -48,6 +51,18 @@ class HalfWidthCodec(Codec):
 
     def _decode_into(self, packet, header, out, add):
         self._from_bits(packet[HEADER_SIZE:].view(np.uint16), out, add)
+
+    def encode_with_feedback(self, x, e, e_out, ctx):
+        """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and
+        ``e_out = v - decode(packet)`` in one pass
+        (:func:`~hpccomm.kernels.quantize.half_encode_feedback`)."""
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
+        packet = self.new_packet(self.wire_size(x.size), x.size)
+        bad = K.half_encode_feedback(x, x if e is None else e, e is not None,
+                                     self.bfloat, packet[HEADER_SIZE:].view(np.uint16),
+                                     e_out)
+        self._raise_nonfinite(bad)
+        return packet
 
 
 @register_codec

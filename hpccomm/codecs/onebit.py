@@ -43,7 +43,7 @@ its size from ``n`` alone: such instances have ``fixed_size = False`` and
 
 import numpy as np
 
-from ..errors import NonFiniteError, PacketError
+from ..errors import PacketError
 from ..kernels import quantize as K
 from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, register_codec
 
@@ -124,24 +124,16 @@ class OneBitCodec(Codec):
         (:func:`~hpccomm.kernels.quantize.onebit_encode_feedback`); the bits
         of encode, decode and subtract.  ``x``, ``e``, ``e_out``: float32,
         contiguous, of one length."""
-        x = np.asarray(x).reshape(-1)
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
         n = x.size
-        for name, a in (("x", x), ("e", e), ("e_out", e_out)):
-            if a is None:
-                continue
-            if (not isinstance(a, np.ndarray) or a.dtype != np.float32 or a.size != n
-                    or not a.flags.c_contiguous):
-                raise ValueError(f"onebit: {name} must be contiguous float32 of {n} elements")
         col_len = min(self.column_length(ctx.shape, n), max(n, 1))
         ncols = -(-n // col_len)
         packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
-        bad = K.onebit_encode_feedback(x, x if e is None else e.reshape(-1), e is not None,
-                                       col_len, means, words, e_out.reshape(-1))
-        if bad and self.nonfinite == "raise":
-            raise NonFiniteError(f"{self.name}: input holds {bad} NaN/Inf value(s) "
-                                 "(policy nonfinite='raise')")
+        bad = K.onebit_encode_feedback(x, x if e is None else e, e is not None,
+                                       col_len, means, words, e_out)
+        self._raise_nonfinite(bad)
         return packet
 
     def _decode_into(self, packet, header, out, add):

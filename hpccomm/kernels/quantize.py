@@ -163,6 +163,54 @@ def bf16_to_f32(h, out, add):
             ob[k] += values[k]
 
 
+@njit(cache=True, inline="always")
+def _compensate_block(xb, eb, has_e, ob):
+    """``ob = xb + eb`` (``xb`` without ``has_e``); returns how many are
+    non-finite (``v - v`` is NaN exactly for inf and NaN)."""
+    bad = 0
+    if has_e:
+        for k in range(xb.size):
+            v = xb[k] + eb[k]
+            ob[k] = v
+            bad += (v - v) != 0
+    else:
+        for k in range(xb.size):
+            v = xb[k]
+            ob[k] = v
+            bad += (v - v) != 0
+    return bad
+
+
+@njit(cache=True)
+def half_encode_feedback(x, e, has_e, bf16, bits, e_out):
+    """fp16 / bf16 (saturating) bits of ``v = x + e`` (``v = x`` without
+    ``has_e``) into ``bits``, and ``e_out = v - decode(bits)``, in one pass:
+    block by block, ``v`` goes to ``e_out``, is rounded, widened back into a
+    cache-resident block and subtracted -- the bits of the three steps.
+    Returns the number of non-finite ``v``."""
+    n = x.size
+    scratch = np.empty(BLOCK, dtype=np.uint32)
+    dec = scratch.view(np.float32)
+    vbits = e_out.view(np.uint32)
+    bad = 0
+    for blo in range(0, n, BLOCK):
+        bhi = min(blo + BLOCK, n)
+        m = bhi - blo
+        ob = e_out[blo:bhi]            # slices indexed from 0: the loops vectorize
+        bad += _compensate_block(x[blo:bhi], e[blo:bhi], has_e, ob)
+        bb = bits[blo:bhi]
+        if bf16:
+            f32_to_bf16(vbits[blo:bhi], bb, True)
+            for k in range(m):
+                scratch[k] = np.uint32(bb[k]) << np.uint32(16)
+        else:
+            f32_to_f16(vbits[blo:bhi], bb)
+            f16_to_f32(bb, dec[:m], False)
+        for k in range(m):
+            ob[k] = ob[k] - dec[k]
+    return bad
+
+
 # ---------------------------------------------------------------------------
 # onebit
 # ---------------------------------------------------------------------------
@@ -246,13 +294,15 @@ def _pack_sign_block(v, blo, m, wbytes, flags):
     words (``blo`` a multiple of 8): a compare per element into ``flags``
     (uint8), then 8 flags to a byte with one multiply -- vertical operations
     that vectorize, where a shift-or per bit did not."""
+    vb = v[blo:blo + m]
     for k in range(m):
-        flags[k] = v[blo + k] >= 0
+        flags[k] = vb[k] >= 0
     q = flags.view(np.uint64)
     full = m // 8
     base = blo // 8
+    wb = wbytes[base:base + full]
     for j in range(full):
-        wbytes[base + j] = (q[j] * _PACK_MAGIC) >> np.uint64(56)
+        wb[j] = (q[j] * _PACK_MAGIC) >> np.uint64(56)
     if m % 8:
         b = 0
         for k in range(m % 8):
@@ -281,18 +331,7 @@ def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out):
     for blo in range(0, n, BLOCK):
         bhi = min(blo + BLOCK, n)
         if feedback:
-            nonfin = 0
-            if has_e:
-                for i in range(blo, bhi):
-                    v = x[i] + e[i]
-                    e_out[i] = v
-                    nonfin += (v - v) != 0          # inf - inf and NaN are NaN
-            else:
-                for i in range(blo, bhi):
-                    v = x[i]
-                    e_out[i] = v
-                    nonfin += (v - v) != 0
-            bad += nonfin
+            bad += _compensate_block(x[blo:bhi], e[blo:bhi], has_e, e_out[blo:bhi])
         _pack_sign_block(src, blo, bhi - blo, wbytes, flags)
         pos = blo
         while pos < bhi and c < ncols:
@@ -307,9 +346,10 @@ def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out):
                 means[2 * c] = mp
                 means[2 * c + 1] = mn
                 if feedback:
-                    for i in range(lo, hi):
-                        v = e_out[i]
-                        e_out[i] = v - (mp if v >= 0 else mn)
+                    col = e_out[lo:hi]
+                    for k in range(hi - lo):
+                        v = col[k]
+                        col[k] = v - (mp if v >= 0 else mn)
                 acc[:] = 0.0
                 npos = 0
                 c += 1
