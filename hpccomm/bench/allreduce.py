@@ -35,7 +35,8 @@ import time
 import numpy as np
 
 from .harness import (case_options, empty_like, fmt_bytes, make_buffer, mpi_library,
-                      parse_options, parse_range, sizes_from, slowest_rank, to_numpy)
+                      mpi_thread_level, parse_options, parse_range, sizes_from, slowest_rank,
+                      to_numpy)
 
 
 def default_iterations(nbytes: int) -> int:
@@ -295,6 +296,7 @@ def main(argv=None) -> int:
 
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     meta = {"tool": f"hpccomm {hpccomm.__version__}", "mpi": mpi_library(),
+            "thread_level": mpi_thread_level(),
             "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
             "numba": numba.__version__, "ranks": size, "threads": numba.get_num_threads(),
             "host": platform.node(), "python": platform.python_version(), "date": date,
@@ -304,7 +306,8 @@ def main(argv=None) -> int:
         print("# hpccomm allreduce benchmark (compared with MPI_Allreduce in the same run)")
         print(f"# tool: {meta['tool']}   mpi4py {meta['mpi4py']}   numpy {meta['numpy']}   "
               f"numba {meta['numba']}")
-        print(f"# MPI: {meta['mpi']}")
+        print(f"# MPI: {meta['mpi']}   thread level: {meta['thread_level']} "
+              "(MPI4PY_RC_THREAD_LEVEL)")
         print(f"# ranks: {size}   numba threads/rank: {meta['threads']}   host: {meta['host']}   "
               f"date: {date}")
         print("# datatype: float32, op: sum; time = slowest rank per iteration, median over "

@@ -92,6 +92,17 @@ def mpi_library() -> str:
     return re.sub(r"\s+", " ", text)
 
 
+def mpi_thread_level() -> str:
+    """The thread support MPI was initialised with (mpi4py asks for
+    ``multiple`` unless ``MPI4PY_RC_THREAD_LEVEL`` says otherwise)."""
+    from mpi4py import MPI
+
+    level = MPI.Query_thread()
+    names = {MPI.THREAD_SINGLE: "single", MPI.THREAD_FUNNELED: "funneled",
+             MPI.THREAD_SERIALIZED: "serialized", MPI.THREAD_MULTIPLE: "multiple"}
+    return names.get(level, str(level))
+
+
 def slowest_rank(comm, times):
     from mpi4py import MPI
 

@@ -153,6 +153,12 @@ class Codec:
         depends on the data."""
         return None
 
+    def wire_size_for(self, n: int, shape: tuple) -> Optional[int]:
+        """Exact packet size for ``n`` elements of a tensor of ``shape`` (a
+        chunk of it encodes with the tensor's shape), or None when it depends
+        on the data.  Default: :meth:`wire_size` for fixed-size codecs."""
+        return self.wire_size(n) if self.fixed_size else None
+
     def max_wire_size(self, n: int) -> int:
         """An upper bound on the packet size for ``n`` elements."""
         size = self.wire_size(n)

@@ -97,6 +97,9 @@ class OneBitCodec(Codec):
             return None
         return _packet_size(n, self.column_length(shape or (), n))
 
+    def wire_size_for(self, n, shape):
+        return self.wire_size(n, shape)
+
     def max_wire_size(self, n):
         """Exact with ``col_len``; otherwise the bound for ``H = 1``."""
         return _packet_size(n, self.col_len or 1)

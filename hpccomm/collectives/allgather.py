@@ -28,7 +28,7 @@ class AllgatherAllreduce(Algorithm):
                 codec.decode(packet, out)
             work.decoded(0, n, out)
             return
-        size = codec.wire_size(n) if codec.fixed_size else None
+        size = codec.wire_size_for(n, ctx.shape)
         packets = ctx.net.allgatherv(packet, [size] * P if size is not None else None)
         with call.time("decode"):
             out[...] = 0

@@ -58,6 +58,7 @@ Large messages
 """
 from __future__ import annotations
 
+import itertools
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
@@ -98,6 +99,11 @@ def binomial_children(rank: int, size: int) -> int:
             count += 1
         mask <<= 1
     return count
+
+
+def _prefix(counts: List[int]) -> List[int]:
+    """Exclusive prefix sums of a list of ints."""
+    return [0, *itertools.accumulate(counts[:-1])] if counts else []
 
 
 def displacements(counts: np.ndarray) -> np.ndarray:
@@ -224,8 +230,11 @@ class Transport:
         self._count(sent, received)
         self.call.modelled = True
 
-    def _large(self, *arrays) -> bool:
-        return any(int(np.max(a, initial=0)) > self.count_limit for a in arrays)
+    def _large(self, counts: List[int], displs: List[int]) -> bool:
+        """Whether a count or an end displacement passes the int limit."""
+        return self.limited and (max(counts, default=0) > self.count_limit or
+                                 max(map(int.__add__, counts, displs), default=0)
+                                 > self.count_limit)
 
     # ------------------------------------------------------------ all-to-all
     def alltoallv(self, packets: Sequence[np.ndarray],
@@ -241,49 +250,45 @@ class Transport:
 
     def _alltoallv(self, packets, recv_sizes, blocking):
         P, r, comm = self.size, self.rank, self.comm
-        send_counts = np.array([p.size for p in packets], dtype=np.int64)
+        send_counts = [int(p.size) for p in packets]
         sendbuf = _joined(packets)
         if sendbuf is None:
             sendbuf = np.concatenate(packets) if len(packets) else np.empty(0, np.uint8)
-        state = {}
         types = _Types(self.block)
-
-        def post_data(recv_counts):
-            recvbuf = np.empty(int(recv_counts.sum()), dtype=np.uint8)
-            sd, rd = displacements(send_counts), displacements(recv_counts)
-            state.update(recv_counts=recv_counts, recvbuf=recvbuf, rd=rd)
-            if not self.limited:
-                args = ([sendbuf, (send_counts.tolist(), sd.tolist()), MPI.BYTE],
-                        [recvbuf, (recv_counts.tolist(), rd.tolist()), MPI.BYTE])
-                return comm.Alltoallv(*args) if blocking else [comm.Ialltoallv(*args)]
-            # every rank must call Alltoallw: only the buffer description is local
-            if self._large(send_counts, recv_counts, sd + send_counts, rd + recv_counts):
-                sb, rb = _address(sendbuf), _address(recvbuf)
-                st = [types.at(sb + int(sd[j]), send_counts[j]) for j in range(P)]
-                rt = [types.at(rb + int(rd[j]), recv_counts[j]) for j in range(P)]
-                args = ([MPI.BOTTOM, ([1] * P, [0] * P), st], [MPI.BOTTOM, ([1] * P, [0] * P), rt])
-            else:
-                args = ([sendbuf, (send_counts.tolist(), sd.tolist()), [MPI.BYTE] * P],
-                        [recvbuf, (recv_counts.tolist(), rd.tolist()), [MPI.BYTE] * P])
-            return comm.Alltoallw(*args) if blocking else [comm.Ialltoallw(*args)]
-
-        def finish():
-            rc, rd, rb = state["recv_counts"], state["rd"], state["recvbuf"]
-            self._count(int(send_counts.sum() - send_counts[r]), int(rc.sum() - rc[r]))
-            return [rb[rd[j]:rd[j] + rc[j]] for j in range(P)]
-
         with self.call.time("comm"):
             if recv_sizes is None:
-                counts = np.empty(P, dtype=np.int64)
-                comm.Alltoall(send_counts, counts)
+                got = np.empty(P, dtype=np.int64)
+                comm.Alltoall(np.array(send_counts, dtype=np.int64), got)
                 self._count(8 * (P - 1), 8 * (P - 1))
+                recv_counts = got.tolist()
             else:
-                counts = np.asarray(recv_sizes, dtype=np.int64)
+                recv_counts = [int(c) for c in recv_sizes]
+            recvbuf = np.empty(sum(recv_counts), dtype=np.uint8)
+            sd, rd = _prefix(send_counts), _prefix(recv_counts)
             try:
-                reqs = post_data(counts)
+                if not self.limited:
+                    args = ([sendbuf, (send_counts, sd), MPI.BYTE],
+                            [recvbuf, (recv_counts, rd), MPI.BYTE])
+                    reqs = comm.Alltoallv(*args) if blocking else [comm.Ialltoallv(*args)]
+                else:  # every rank calls Alltoallw: only the buffer description is local
+                    if self._large(send_counts, sd) or self._large(recv_counts, rd):
+                        sb, rb = _address(sendbuf), _address(recvbuf)
+                        st = [types.at(sb + sd[j], send_counts[j]) for j in range(P)]
+                        rt = [types.at(rb + rd[j], recv_counts[j]) for j in range(P)]
+                        args = ([MPI.BOTTOM, ([1] * P, [0] * P), st],
+                                [MPI.BOTTOM, ([1] * P, [0] * P), rt])
+                    else:
+                        args = ([sendbuf, (send_counts, sd), [MPI.BYTE] * P],
+                                [recvbuf, (recv_counts, rd), [MPI.BYTE] * P])
+                    reqs = comm.Alltoallw(*args) if blocking else [comm.Ialltoallw(*args)]
             except BaseException:
                 types.free()
                 raise
+
+        def finish():
+            self._count(sum(send_counts) - send_counts[r], sum(recv_counts) - recv_counts[r])
+            return [recvbuf[rd[j]:rd[j] + recv_counts[j]] for j in range(P)]
+
         if not blocking:
             return Request(self.call, reqs, finish=finish, cleanup=types.free)
         types.free()
@@ -301,44 +306,40 @@ class Transport:
 
     def _allgatherv(self, packet, sizes, blocking):
         P, r, comm = self.size, self.rank, self.comm
-        state = {}
         types = _Types(self.block)
-
-        def post_data(counts):
-            if counts[r] != packet.size:
-                raise ValueError(f"allgatherv: packet is {packet.size} bytes, expected "
-                                 f"{int(counts[r])}")
-            recvbuf = np.empty(int(counts.sum()), dtype=np.uint8)
-            displs = displacements(counts)
-            state.update(counts=counts, recvbuf=recvbuf, displs=displs)
-            if self._large(counts, displs + counts):
-                mine = types.at(_address(packet), packet.size)
-                rb = _address(recvbuf)
-                rt = [types.at(rb + int(displs[j]), counts[j]) for j in range(P)]
-                args = ([MPI.BOTTOM, ([1] * P, [0] * P), [mine] * P],
-                        [MPI.BOTTOM, ([1] * P, [0] * P), rt])
-                return comm.Alltoallw(*args) if blocking else [comm.Ialltoallw(*args)]
-            args = ([packet, MPI.BYTE], [recvbuf, (counts.tolist(), displs.tolist()), MPI.BYTE])
-            return comm.Allgatherv(*args) if blocking else [comm.Iallgatherv(*args)]
-
-        def finish():
-            counts, displs, rb = state["counts"], state["displs"], state["recvbuf"]
-            others = int(counts.sum() - counts[r])
-            self._model(others, others)
-            return [rb[displs[j]:displs[j] + counts[j]] for j in range(P)]
-
         with self.call.time("comm"):
             if sizes is None:
-                counts = np.empty(P, dtype=np.int64)
-                comm.Allgather(np.array([packet.size], dtype=np.int64), counts)
+                got = np.empty(P, dtype=np.int64)
+                comm.Allgather(np.array([packet.size], dtype=np.int64), got)
                 self._count(8 * (P - 1), 8 * (P - 1))
+                counts = got.tolist()
             else:
-                counts = np.asarray(sizes, dtype=np.int64)
+                counts = [int(c) for c in sizes]
+            if counts[r] != packet.size:
+                raise ValueError(f"allgatherv: packet is {packet.size} bytes, expected "
+                                 f"{counts[r]}")
+            recvbuf = np.empty(sum(counts), dtype=np.uint8)
+            displs = _prefix(counts)
             try:
-                reqs = post_data(counts)
+                if self._large(counts, displs):   # (the same decision on every rank)
+                    mine = types.at(_address(packet), packet.size)
+                    rb = _address(recvbuf)
+                    rt = [types.at(rb + displs[j], counts[j]) for j in range(P)]
+                    args = ([MPI.BOTTOM, ([1] * P, [0] * P), [mine] * P],
+                            [MPI.BOTTOM, ([1] * P, [0] * P), rt])
+                    reqs = comm.Alltoallw(*args) if blocking else [comm.Ialltoallw(*args)]
+                else:
+                    args = ([packet, MPI.BYTE], [recvbuf, (counts, displs), MPI.BYTE])
+                    reqs = comm.Allgatherv(*args) if blocking else [comm.Iallgatherv(*args)]
             except BaseException:
                 types.free()
                 raise
+
+        def finish():
+            others = sum(counts) - counts[r]
+            self._model(others, others)
+            return [recvbuf[displs[j]:displs[j] + counts[j]] for j in range(P)]
+
         if not blocking:
             return Request(self.call, reqs, finish=finish, cleanup=types.free)
         types.free()

@@ -25,7 +25,6 @@ Bytes per rank, for a codec with packet size ``C(m)`` for ``m`` elements:
 ``sum_{j != r} C(chunk_j)`` out in the all-to-all plus the other ranks' owner
 packets in the allgather, about ``2 (P-1)/P * C(n)``.
 """
-import numpy as np
 
 from .base import Algorithm, chunk_bounds, register_algorithm
 
@@ -35,6 +34,19 @@ class TwoShot(Algorithm):
     name = "twoshot"
 
     fuses_feedback = True
+
+    def _plan(self, n, shape, state):
+        """Chunk bounds, the fixed packet sizes (None when data-dependent) and
+        this rank's receive sizes: computed once per (n, shape) and key."""
+        key = ("twoshot", n, tuple(shape))
+        plan = state.cache.get(key)
+        if plan is None:
+            codec, P, r = self.codec, self.size, self.rank
+            bounds = [int(b) for b in chunk_bounds(n, P, codec.align(shape))]
+            fixed = [codec.wire_size_for(bounds[j + 1] - bounds[j], shape) for j in range(P)]
+            fixed = None if None in fixed else fixed
+            plan = state.cache[key] = (bounds, fixed, [fixed[r]] * P if fixed else None)
+        return plan
 
     def exchange(self, work, out, state, ctx):
         codec, net, call, P, r = self.codec, ctx.net, ctx.call, self.size, self.rank
@@ -46,15 +58,12 @@ class TwoShot(Algorithm):
                 codec.decode(packet, out)
             work.decoded(0, n, out)
             return
-        bounds = chunk_bounds(n, P, codec.align(ctx.shape))
-        lens = np.diff(bounds)
+        bounds, fixed, recv_sizes = self._plan(n, ctx.shape, state)
         with call.time("encode"):
-            packets = [work.encode(int(bounds[j]), int(bounds[j + 1]),
-                                   ctx.encode_context(r, bounds[j])) for j in range(P)]
-        fixed = [codec.wire_size(int(m)) for m in lens] if codec.fixed_size else None
-        recv_sizes = [fixed[r]] * P if fixed is not None else None
+            packets = [work.encode(bounds[j], bounds[j + 1], ctx.encode_context(r, bounds[j]))
+                       for j in range(P)]
         received = net.alltoallv(packets, recv_sizes)
-        lo, hi = int(bounds[r]), int(bounds[r + 1])
+        lo, hi = bounds[r], bounds[r + 1]
         with call.time("decode"):
             acc = self.scratch("acc", hi - lo)
             acc[:] = 0
