@@ -139,6 +139,42 @@ class OneBitCodec(Codec):
         self._raise_nonfinite(bad)
         return packet
 
+    def owner_step(self, received, e, e_out, out, ctx):
+        """The owner stage of ``twoshot`` in two passes over the chunk:
+        ``acc = sum of decode(received[src])`` in rank order into ``out``
+        (:func:`~hpccomm.kernels.quantize.onebit_decode_sum`), then ``w = acc +
+        e`` into ``e_out``, its packet, ``e_out = w - decode(packet)`` and
+        ``out = decode(packet)`` (:func:`~hpccomm.kernels.quantize.onebit_owner_step`;
+        ``out`` is read before it is overwritten, and no loop works in place,
+        so all of them vectorize).
+        The bits of decode-add, compensate, re-encode, decode and subtract.
+        Returns the packet."""
+        m = out.size
+        cols, packets = None, []
+        for packet in received:
+            header = self.check_packet(packet, out)
+            col_len = int(header["extra"])
+            if cols is None:
+                cols = col_len
+            elif col_len != cols:
+                raise PacketError(f"{self.name}: packets of one chunk with column lengths "
+                                  f"{cols} and {col_len}")
+            packets.append(packet)
+        ncols = -(-m // cols) if m else 0
+        mbytes = 8 * ncols
+        means = np.stack([p[HEADER_SIZE:HEADER_SIZE + mbytes].view(np.float32) for p in packets])
+        words = np.stack([p[HEADER_SIZE + mbytes:].view(np.uint32) for p in packets])
+        K.onebit_decode_sum(means, words, max(cols, 1), out)
+        col_len = min(self.column_length(ctx.shape, m), max(m, 1))
+        nc = -(-m // col_len)
+        packet = self.new_packet(_packet_size(m, col_len), m, extra=col_len)
+        pm = packet[HEADER_SIZE:HEADER_SIZE + 8 * nc].view(np.float32)
+        pw = packet[HEADER_SIZE + 8 * nc:].view(np.uint32)
+        bad = K.onebit_owner_step(out, out if e is None else e, e is not None, col_len, pm, pw,
+                                  e_out, out)
+        self._raise_nonfinite(bad)
+        return packet
+
     def _decode_into(self, packet, header, out, add):
         n, col_len = out.size, int(header["extra"])
         ncols = -(-n // col_len)

@@ -16,7 +16,9 @@ compressed allreduce and CGX:
    order** (its own included, decoded from its packet: the self chunk is
    quantized too), adds its owner residual ``w = acc + e_o``, re-encodes
    with :meth:`Codec.reencode` (as virtual rank ``P + r``, so its random stream differs from its worker
-   encode) and keeps ``e_o = w - decode(packet)``.
+   encode) and keeps ``e_o = w - decode(packet)``.  A codec with
+   ``owner_step`` does all of step 4 in one or two passes over the chunk,
+   writing the owner's slice of ``out`` on the way (same bits).
 5. One ``MPI_Allgatherv`` of the owner packets; every rank, the owner
    included, decodes all chunks from those bytes -- so every rank ends with
    the same bits.
@@ -64,12 +66,23 @@ class TwoShot(Algorithm):
                        for j in range(P)]
         received = net.alltoallv(packets, recv_sizes)
         lo, hi = bounds[r], bounds[r + 1]
+        owner = ctx.memory.owner
+        if ctx.fused and getattr(codec, "owner_step", None) is not None \
+                and (owner.fusable or not owner.enabled):
+            owner_packet = self._fused_owner(received, out, lo, hi, owner, state, ctx)
+            gathered = net.allgatherv(owner_packet, fixed)
+            with call.time("decode"):
+                for j in range(P):
+                    if j != r:  # the own chunk was written by the owner step
+                        codec.decode(gathered[j], out[bounds[j]:bounds[j + 1]])
+            if owner.enabled:
+                owner.commit_fused(state, "owner")
+            return
         with call.time("decode"):
             acc = self.scratch("acc", hi - lo)
             acc[:] = 0
             for src in range(P):  # rank order: the same sum on every owner
                 codec.decode_add(received[src], acc)
-        owner = ctx.memory.owner
         w = owner.compensate(state, "owner", acc)
         with call.time("encode"):
             owner_packet = codec.reencode(w, ctx.encode_context(P + r, lo))
@@ -78,3 +91,16 @@ class TwoShot(Algorithm):
             for j in range(P):
                 codec.decode(gathered[j], out[bounds[j]:bounds[j + 1]])
         owner.update(state, "owner", w, out[lo:hi])
+
+    def _fused_owner(self, received, out, lo, hi, owner, state, ctx):
+        """Step 4 in the codec's ``owner_step``: decode-sum, compensate,
+        re-encode, the owner residual and this rank's slice of ``out``, with
+        the bits of the separate steps (the owner decodes its packet as the
+        others will)."""
+        if owner.enabled:
+            e, e_out = owner.fused_buffers(state, "owner", hi - lo)
+        else:
+            e, e_out = None, self.scratch("acc", hi - lo)
+        with ctx.call.time("encode"):
+            return self.codec.owner_step(received, e, e_out, out[lo:hi],
+                                         ctx.encode_context(self.size + self.rank, lo))

@@ -311,14 +311,15 @@ def _pack_sign_block(v, blo, m, wbytes, flags):
 
 
 @njit(cache=True)
-def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out):
+def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out, decoded=None):
     """The one onebit encoder (see :func:`onebit_encode` and
     :func:`onebit_encode_feedback`).  Walks ``[0, n)`` in blocks of
     :data:`BLOCK`: forms ``v`` (into ``e_out`` with ``feedback``), packs its
     signs, adds each column's piece to the column's lane sums; when a column
     ends, writes its means and, with ``feedback``, ``e_out = v - mean`` over
     it (a second look that hits cache unless the column is larger than the
-    cache).  Returns the number of non-finite ``v``."""
+    cache), and ``decoded`` (when given) gets what the packet decodes to.
+    Returns the number of non-finite ``v``."""
     n = x.size
     ncols = means.size // 2
     acc = np.zeros(2 * LANES)
@@ -347,9 +348,17 @@ def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out):
                 means[2 * c + 1] = mn
                 if feedback:
                     col = e_out[lo:hi]
-                    for k in range(hi - lo):
-                        v = col[k]
-                        col[k] = v - (mp if v >= 0 else mn)
+                    if decoded is None:
+                        for k in range(hi - lo):
+                            v = col[k]
+                            col[k] = v - (mp if v >= 0 else mn)
+                    else:
+                        dcol = decoded[lo:hi]
+                        for k in range(hi - lo):
+                            v = col[k]
+                            d = mp if v >= 0 else mn
+                            dcol[k] = d
+                            col[k] = v - d
                 acc[:] = 0.0
                 npos = 0
                 c += 1
@@ -382,6 +391,31 @@ def onebit_encode_feedback(x, e, has_e, col_len, means, words, e_out):
     known) -- the same bits as encoding, decoding and subtracting.  Returns
     the number of non-finite ``v`` (``e_out`` is then meaningless)."""
     return _onebit_encode(x, e, has_e, True, col_len, means, words, e_out)
+
+
+@njit(cache=True)
+def onebit_decode_sum(means, words, col_len, out):
+    """``out = 0 + decode(packet 0) + decode(packet 1) + ...`` in packet
+    order, float32: the bits of zeroing ``out`` and adding each packet with
+    :func:`onebit_decode`.  The first packet is stored rather than added to
+    zero: its values are column means, never -0.0, and ``0.0 + d == d`` for
+    every other float32 (a NaN mean is already quiet).  ``means`` (P x 2C)
+    and ``words`` (P x ceil(n/32)) hold the packets' fields, all with the
+    column length ``col_len``."""
+    for src in range(means.shape[0]):
+        onebit_decode(words[src], means[src], col_len, out, src > 0)
+
+
+@njit(cache=True)
+def onebit_owner_step(acc, e, has_e, col_len, means, words, e_out, decoded):
+    """The owner stage of ``twoshot`` on a summed chunk ``acc`` (from
+    :func:`onebit_decode_sum`): ``w = acc + e`` (``acc`` without ``has_e``)
+    into ``e_out``, the packet of ``w`` into ``means`` / ``words``, ``e_out =
+    w - decode(packet)`` (the owner's new residual) and ``decoded`` = what
+    the packet decodes to (this rank's slice of the result; it may be
+    ``acc`` itself: each column of ``acc`` is read before it is written).
+    Returns the number of non-finite ``w``."""
+    return _onebit_encode(acc, e, has_e, True, col_len, means, words, e_out, decoded)
 
 
 #: single-bit masks: ``w & _BITS[k]`` with a constant ``k`` per unrolled lane
