@@ -9,6 +9,14 @@ bandwidth (``numpy.copyto`` of the same float32 array, GB/s of the input
 side) so that each kernel can be read as a fraction of the memory ceiling:
 ``(enc+dec)/memcpy`` is the throughput of encode followed by decode divided by
 memcpy's.
+
+Error feedback: ``ef GB/s`` is the encode with error feedback -- ``v = x + e``,
+the packet of ``v``, ``e' = v - decode(packet)`` -- through the codec's fused
+``encode_with_feedback`` where it has one (``fused``), else the three steps;
+``ef/floor`` is the bytes that encode must move (read ``x`` and ``e``, write
+``e'`` and the packet: ``12 n`` + packet) over its time, as a fraction of the
+bytes memcpy moves per second (read + write).  The fused kernels are also
+timed against the three steps they replace (``3-step GB/s``).
 """
 from __future__ import annotations
 
@@ -54,7 +62,21 @@ def measure(codec, x: np.ndarray, reps: int) -> dict:
     codec.decode(packet, out)
     diff = out.astype(np.float64) - x
     norm = float(np.linalg.norm(x))
+    e = np.random.default_rng(7).standard_normal(x.size).astype(np.float32) * np.float32(0.1)
+    e_out, v, dec = np.empty_like(x), np.empty_like(x), np.empty_like(x)
+
+    def three_steps():
+        np.add(x, e, out=v)
+        codec.decode(codec.encode(v, ctx), dec)
+        np.subtract(v, dec, out=e_out)
+
+    t_three = _median_time(three_steps, reps)
+    fused = getattr(codec, "encode_with_feedback", None)
+    t_ef = _median_time(lambda: fused(x, e, e_out, ctx), reps) if fused else t_three
     return {
+        "ef_fused": fused is not None, "ef_s": t_ef, "ef_gbs": x.nbytes / t_ef / 1e9,
+        "three_step_gbs": x.nbytes / t_three / 1e9,
+        "ef_bytes_moved": 3 * x.nbytes + packet.size,
         "encode_s": t_enc, "decode_s": t_dec,
         "encode_gbs": x.nbytes / t_enc / 1e9, "decode_gbs": x.nbytes / t_dec / 1e9,
         "roundtrip_gbs": x.nbytes / (t_enc + t_dec) / 1e9,
@@ -101,7 +123,8 @@ def main(argv=None) -> int:
     print("# hpccomm codec benchmark: GB/s of float32 input, median of "
           f"{args.reps}; numba threads: {numba.get_num_threads()}")
     print(f"#{'codec':>23} {'n':>10} {'bits/elem':>10} {'enc GB/s':>9} {'dec GB/s':>9} "
-          f"{'memcpy':>8} {'(enc+dec)/memcpy':>17} {'rel_l2':>9}")
+          f"{'memcpy':>8} {'(enc+dec)/memcpy':>17} {'rel_l2':>9} {'ef':>6} {'ef GB/s':>8} "
+          f"{'3-step GB/s':>11} {'ef/floor':>8}")
     for n in sizes:
         x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
         mem = memcpy_bandwidth(x, args.reps)
@@ -110,11 +133,14 @@ def main(argv=None) -> int:
             codec = hpccomm.get_codec(name, **per_codec.get(name, {}))
             r = measure(codec, x, args.reps)
             r.update(codec=codec.describe(), n=n, memcpy_gbs=mem,
-                     fraction_of_memcpy=r["roundtrip_gbs"] / mem)
+                     fraction_of_memcpy=r["roundtrip_gbs"] / mem,
+                     ef_fraction_of_floor=r["ef_bytes_moved"] / r["ef_s"] / 1e9 / (2 * mem))
             rows.append(r)
             print(f"{codec.describe():>24} {n:>10} {r['bits_per_element']:>10.3f} "
                   f"{r['encode_gbs']:>9.2f} {r['decode_gbs']:>9.2f} {mem:>8.2f} "
-                  f"{r['fraction_of_memcpy']:>17.1%} {r['rel_l2']:>9.2e}", flush=True)
+                  f"{r['fraction_of_memcpy']:>17.1%} {r['rel_l2']:>9.2e} "
+                  f"{'fused' if r['ef_fused'] else '3-step':>6} {r['ef_gbs']:>8.2f} "
+                  f"{r['three_step_gbs']:>11.2f} {r['ef_fraction_of_floor']:>8.1%}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"threads": numba.get_num_threads(), "rows": rows}, f, indent=1)
