@@ -684,7 +684,9 @@ def test_unaligned_packets_decode_alike(name, params):
 
 
 FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097}),
-         ("onebit", {"col_len": 1 << 16}), ("fp16", {}), ("bf16", {})]
+         ("onebit", {"col_len": 1 << 16}), ("fp16", {}), ("bf16", {}),
+         ("topk", {"ratio": 0.01}), ("topk", {"ratio": 0.3, "exact": True}),
+         ("dgc", {"ratio": 0.01})]
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
@@ -712,7 +714,7 @@ def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
     assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
-@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16"])
+@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc"])
 def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     x = np.arange(10, dtype=np.float32)
     x[7] = np.inf

@@ -98,13 +98,17 @@ def test_dgc_memory_equals_dgc_wired_by_hand(algorithm, hand_codec, nesterov):
 
 @pytest.mark.parametrize("algorithm", ["twoshot", "allgather"])
 @pytest.mark.parametrize("shape", [(1003,), (37, 29), (5, 4096), (0,), (1,)])
-def test_fused_onebit_kernel_gives_the_reference_bits(algorithm, shape):
-    """The real fused kernel against ``fused=False`` (the three-step
+@pytest.mark.parametrize("codec", ["onebit", "fp16", "bf16", "topk", "dgc"])
+def test_fused_kernels_give_the_reference_bits(codec, algorithm, shape):
+    """The real fused kernels (worker encode with feedback, and onebit's
+    owner step in twoshot) against ``fused=False`` (the three-step
     reference), over steps so that residuals feed back; awkward shapes; the
     signs of zeros included."""
+    options = {"ratio": 0.05} if codec in ("topk", "dgc") else {}
     got = {}
     for fused in (True, False):
-        reducer = hpccomm.Allreducer(COMM, codec="onebit", algorithm=algorithm, fused=fused)
+        reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm=algorithm, fused=fused,
+                                     error_feedback=True, **options)
         hashes = []
         for step in range(4):
             rng = np.random.default_rng(100 * step + RANK)
@@ -112,6 +116,6 @@ def test_fused_onebit_kernel_gives_the_reference_bits(algorithm, shape):
             if x.size > 3:
                 x.reshape(-1)[:3] = (0.0, -0.0, 0.0)
             hashes.append(digest(reducer(x, key="g")))
-        res = reducer.state_dict()["keys"].get("g", {}).get("residuals", {}).get("worker")
-        got[fused] = (hashes, None if res is None else digest(res))
+        saved = reducer.state_dict()["keys"].get("g", {}).get("residuals", {})
+        got[fused] = (hashes, {k: digest(v) for k, v in saved.items()})
     assert got[True] == got[False]

@@ -136,6 +136,23 @@ class PairCodec(SparseCodec):
     def _decode_into(self, packet, header, out, add):
         decode_pairs(self, packet, header, out, add)
 
+    def encode_with_feedback(self, x, e, e_out, ctx):
+        """The packet of ``v = x + e`` and ``e_out = v - decode(packet)``
+        without a dense decode: ``v`` is formed in ``e_out``, selected from
+        there, and only the sent entries are corrected (``e_out[idx] -=
+        vals``; ``v - 0.0 == v`` elsewhere), the bits of the three steps."""
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
+        if e is None:
+            np.copyto(e_out, x)
+        else:
+            np.add(x, e, out=e_out)
+        v = self._check_input(e_out)
+        idx, vals = self._pairs(v, ctx)
+        packet = pack_pairs(self, v.size, idx, vals)
+        with np.errstate(invalid="ignore", over="ignore"):  # non-finite v under "propagate"
+            e_out[idx] -= vals
+        return packet
+
 
 @register_codec
 class TopK(PairCodec):
