@@ -174,12 +174,18 @@ class Allreducer:
                 raise ValueError(f"out has {obuf.size} {obuf.dtype} elements "
                                  f"({'device' if obuf.on_device else 'host'}), input has "
                                  f"{buf.size} {buf.dtype} ({'device' if buf.on_device else 'host'})")
-        if (self.codec.nonfinite == "raise" and self.check == "always" and not buf.on_device
-                and buf.dtype != "bfloat16" and buf.size
+        if (self._scans_input(buf) and buf.size
                 and (bad := count_nonfinite(np.ascontiguousarray(buf.host)))):
             raise NonFiniteError(f"input holds {bad} NaN/Inf value(s); codec "
                                  f"{self.codec.name!r} has nonfinite='raise'")
         return buf, obuf
+
+    def _scans_input(self, buf: Buffer) -> bool:
+        """Whether every call scans ``buf`` for NaN/Inf before the collective
+        agreement (so the error is raised on every rank; the codecs then skip
+        their own scan of the same data)."""
+        return (self.codec.nonfinite == "raise" and self.check == "always"
+                and not buf.on_device and buf.dtype != "bfloat16")
 
     def __call__(self, x: Any, key: Optional[str] = None, *, out: Any = None) -> Any:
         """Reduce ``x`` over all ranks; return the result as the same kind of
@@ -211,7 +217,7 @@ class Allreducer:
         call = CallStats(key=key or "", n=buf.size)
         ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
                             seed=self.seed, step=state.step, shape=buf.shape,
-                            fused=self.fused)
+                            fused=self.fused, finite=self._scans_input(buf))
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, ctx)
         else:

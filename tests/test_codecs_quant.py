@@ -7,6 +7,7 @@ exact cases, unbiasedness, the summable form, non-finite input, and corrupt
 packets (hypothesis).
 """
 import math
+import re
 
 import numpy as np
 import pytest
@@ -726,3 +727,26 @@ def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     out = np.empty(10, np.float32)
     hpccomm.get_codec(name, nonfinite="propagate").encode_with_feedback(x, e, out,
                                                                         EncodeContext())
+
+
+def test_codecs_skip_their_scan_only_when_the_caller_checked_the_input():
+    """``EncodeContext(finite=True)``: the reducer scanned this very data, so
+    the codec does not scan again; the reducer sets it only when it scanned
+    (check="always"), so with check="first" a NaN in a later call is still
+    caught -- by the codec."""
+    from mpi4py import MPI
+
+    x = data(100)
+    x[5] = np.nan
+    codec = hpccomm.get_codec("bf16")
+    with pytest.raises(NonFiniteError):
+        codec.encode(x, EncodeContext())
+    codec.encode(x, EncodeContext(finite=True))        # trusted: no scan
+    clean = data(100)
+    for check, who in (("always", "input holds 1 NaN/Inf value(s); codec 'bf16'"),
+                       ("first", "bf16: input holds 1 NaN/Inf")):
+        reducer = hpccomm.Allreducer(MPI.COMM_SELF, codec="bf16", algorithm="twoshot",
+                                     check=check)
+        reducer(clean, key="k")
+        with pytest.raises(NonFiniteError, match=re.escape(who)):
+            reducer(x, key="k")

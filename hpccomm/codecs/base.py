@@ -61,6 +61,9 @@ class EncodeContext:
     #: shape of the user's tensor, for codecs with per-column statistics
     #: (empty: treat the vector as 1-D)
     shape: tuple = ()
+    #: the caller has already checked that the input is finite (the reducer's
+    #: scan of the very data being encoded): the codec skips its own scan
+    finite: bool = False
 
 
 class Codec:
@@ -169,7 +172,7 @@ class Codec:
     # -- encode / decode ---------------------------------------------------
     def encode(self, x: np.ndarray, ctx: EncodeContext = EncodeContext()) -> np.ndarray:
         """Encode a 1-D float32 array into a packet (``uint8`` array)."""
-        x = self._check_input(x)
+        x = self._check_input(x, scan=not ctx.finite)
         return self._encode(x, ctx)
 
     def reencode(self, x: np.ndarray, ctx: EncodeContext = EncodeContext()) -> np.ndarray:
@@ -217,7 +220,7 @@ class Codec:
         return self._payload_size(header)
 
     # -- helpers for subclasses ---------------------------------------------
-    def _check_input(self, x: np.ndarray) -> np.ndarray:
+    def _check_input(self, x: np.ndarray, scan: bool = True) -> np.ndarray:
         if not isinstance(x, np.ndarray):
             raise TypeError(f"{self.name}: expected a numpy array, got {type(x).__name__}")
         if x.dtype != np.float32:
@@ -226,7 +229,7 @@ class Codec:
             x = x.reshape(-1)
         if not x.flags.c_contiguous:
             raise ValueError(f"{self.name}: input is not contiguous")
-        if self.nonfinite == "raise" and x.size and (bad := count_nonfinite(x)):
+        if scan and self.nonfinite == "raise" and x.size and (bad := count_nonfinite(x)):
             raise NonFiniteError(f"{self.name}: input holds {bad} NaN/Inf value(s) "
                                  "(policy nonfinite='raise')")
         return x
@@ -251,9 +254,12 @@ class Codec:
             raise NonFiniteError(f"{self.name}: input holds {bad} NaN/Inf value(s) "
                                  "(policy nonfinite='raise')")
 
-    def new_packet(self, nbytes: int, n: int, extra: int = 0) -> np.ndarray:
-        """A zeroed packet of ``nbytes`` with the common header filled in."""
-        packet = np.zeros(nbytes, dtype=np.uint8)
+    def new_packet(self, nbytes: int, n: int, extra: int = 0, zeroed: bool = True) -> np.ndarray:
+        """A packet of ``nbytes`` with the common header filled in, its payload
+        zeroed -- or left as allocated with ``zeroed=False``, for encoders
+        whose kernels write every payload byte (a 32 MiB packet costs a write
+        pass to zero)."""
+        packet = (np.zeros if zeroed else np.empty)(nbytes, dtype=np.uint8)
         h = packet[:HEADER_SIZE].view(HEADER)[0]
         h["magic"] = MAGIC
         h["version"] = self.version

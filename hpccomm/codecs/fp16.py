@@ -45,7 +45,7 @@ class HalfWidthCodec(Codec):
         return self.wire_size(int(header["n"]))
 
     def _encode(self, x, ctx):
-        packet = self.new_packet(self.wire_size(x.size), x.size)
+        packet = self.new_packet(self.wire_size(x.size), x.size, zeroed=False)
         self._to_bits(x.view(np.uint32), packet[HEADER_SIZE:].view(np.uint16))
         return packet
 
@@ -57,7 +57,7 @@ class HalfWidthCodec(Codec):
         ``e_out = v - decode(packet)`` in one pass
         (:func:`~hpccomm.kernels.quantize.half_encode_feedback`)."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
-        packet = self.new_packet(self.wire_size(x.size), x.size)
+        packet = self.new_packet(self.wire_size(x.size), x.size, zeroed=False)
         bad = K.half_encode_feedback(x, x if e is None else e, e is not None,
                                      self.bfloat, packet[HEADER_SIZE:].view(np.uint16),
                                      e_out)

@@ -23,7 +23,7 @@ class NoneCodec(Codec):
         return HEADER_SIZE + 4 * n
 
     def _encode(self, x, ctx):
-        packet = self.new_packet(self.wire_size(x.size), x.size)
+        packet = self.new_packet(self.wire_size(x.size), x.size, zeroed=False)
         packet[HEADER_SIZE:].view(np.float32)[:] = x
         return packet
 

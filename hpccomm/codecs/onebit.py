@@ -115,7 +115,7 @@ class OneBitCodec(Codec):
         n = x.size
         col_len = min(self.column_length(ctx.shape, n), max(n, 1))
         ncols = -(-n // col_len)
-        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len)
+        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len, zeroed=False)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
         K.onebit_encode(x, col_len, means, words)
@@ -131,7 +131,7 @@ class OneBitCodec(Codec):
         n = x.size
         col_len = min(self.column_length(ctx.shape, n), max(n, 1))
         ncols = -(-n // col_len)
-        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len)
+        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len, zeroed=False)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
         bad = K.onebit_encode_feedback(x, x if e is None else e, e is not None,
@@ -167,7 +167,7 @@ class OneBitCodec(Codec):
         K.onebit_decode_sum(means, words, max(cols, 1), out)
         col_len = min(self.column_length(ctx.shape, m), max(m, 1))
         nc = -(-m // col_len)
-        packet = self.new_packet(_packet_size(m, col_len), m, extra=col_len)
+        packet = self.new_packet(_packet_size(m, col_len), m, extra=col_len, zeroed=False)
         pm = packet[HEADER_SIZE:HEADER_SIZE + 8 * nc].view(np.float32)
         pw = packet[HEADER_SIZE + 8 * nc:].view(np.uint32)
         bad = K.onebit_owner_step(out, out if e is None else e, e is not None, col_len, pm, pw,

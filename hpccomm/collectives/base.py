@@ -31,7 +31,7 @@ order and owners use their decoded results exactly as the other ranks do.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Dict, Optional, Tuple
 
 import numpy as np
@@ -57,6 +57,8 @@ class ReduceContext:
     shape: tuple = ()
     #: let codecs fuse error feedback into their encode (False: the reference path)
     fused: bool = True
+    #: the reducer has checked that ``x`` is finite (its collective scan)
+    finite: bool = False
 
     @property
     def call(self) -> CallStats:
@@ -104,7 +106,7 @@ class Contribution:
     through ``encode``); ``fuse=False`` forces the three-step reference."""
 
     def __init__(self, codec: Codec, memory: Memory, state: KeyState, x: np.ndarray,
-                 scratch, fuse: bool):
+                 scratch, fuse: bool, finite: bool = False):
         self.codec, self.memory, self.state, self.x = codec, memory, state, x
         self._scratch = scratch
         self._fused = (fuse and memory.fusable
@@ -114,6 +116,8 @@ class Contribution:
             self._v = None
         else:
             self._v = memory.compensate(state, "worker", x)
+        #: ``v`` is the input the reducer found finite: codecs skip their scan
+        self._finite = finite and self._v is x
         self._pending = []          # (lo, hi, packet) not yet settled
         self._own: Optional[np.ndarray] = None
         self._pairs = None
@@ -130,6 +134,8 @@ class Contribution:
         if self._fused:
             e = None if self._e is None else self._e[lo:hi]
             return self.codec.encode_with_feedback(self.x[lo:hi], e, self._e_out[lo:hi], ectx)
+        if self._finite:
+            ectx = replace(ectx, finite=True)
         packet = self.codec.encode(self._v[lo:hi], ectx)
         if self.memory.enabled:
             self._pending.append((lo, hi, packet))
@@ -217,7 +223,7 @@ class Algorithm:
                ctx: ReduceContext) -> None:
         """Error feedback around :meth:`exchange` (see the module docstring)."""
         work = Contribution(self.codec, ctx.memory, state, x, self.scratch,
-                            self.fuses_feedback and ctx.fused)
+                            self.fuses_feedback and ctx.fused, ctx.finite)
         self.exchange(work, out, state, ctx)
         work.commit(ctx.call)
 
