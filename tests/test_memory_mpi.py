@@ -99,22 +99,24 @@ def test_dgc_memory_equals_dgc_wired_by_hand(algorithm, hand_codec, nesterov):
 @pytest.mark.parametrize("algorithm", ["twoshot", "allgather"])
 @pytest.mark.parametrize("shape", [(1003,), (37, 29), (5, 4096), (0,), (1,)])
 @pytest.mark.parametrize("codec", ["onebit", "fp16", "bf16", "topk", "dgc"])
-def test_fused_kernels_give_the_reference_bits(codec, algorithm, shape):
-    """The real fused kernels (worker encode with feedback, and onebit's
-    owner step in twoshot) against ``fused=False`` (the three-step
+@pytest.mark.parametrize("ef", [True, False])
+def test_fused_kernels_give_the_reference_bits(codec, algorithm, shape, ef):
+    """The real fused kernels (worker encode with feedback, and the owner
+    steps of twoshot, with and without an owner residual) against
+    ``fused=False`` (the three-step
     reference), over steps so that residuals feed back; awkward shapes; the
     signs of zeros included."""
     options = {"ratio": 0.05} if codec in ("topk", "dgc") else {}
     got = {}
     for fused in (True, False):
         reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm=algorithm, fused=fused,
-                                     error_feedback=True, **options)
+                                     error_feedback=ef, **options)
         hashes = []
         for step in range(4):
             rng = np.random.default_rng(100 * step + RANK)
             x = rng.standard_normal(shape).astype(np.float32)
-            if x.size > 3:
-                x.reshape(-1)[:3] = (0.0, -0.0, 0.0)
+            if x.size > 5:
+                x.reshape(-1)[:5] = (0.0, -0.0, 0.0, 7e4, -1e-40)   # zeros, fp16 overflow, subnormal
             hashes.append(digest(reducer(x, key="g")))
         saved = reducer.state_dict()["keys"].get("g", {}).get("residuals", {})
         got[fused] = (hashes, {k: digest(v) for k, v in saved.items()})

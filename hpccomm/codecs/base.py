@@ -66,6 +66,25 @@ class EncodeContext:
     finite: bool = False
 
 
+def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
+    """``count`` elements of ``dtype`` at byte ``offset`` of every packet, as
+    the rows of one 2-D array: a strided view when the packets lie equally
+    spaced in one buffer (as an all-to-all receives them), else a copy."""
+    dtype = np.dtype(dtype)
+    rows = [p[offset:offset + count * dtype.itemsize].view(dtype) for p in packets]
+    if len(rows) > 1:
+        addr = [r.__array_interface__["data"][0] for r in rows]
+        stride = addr[1] - addr[0]
+        base = packets[0].base
+        if (stride > 0 and stride % dtype.itemsize == 0 and base is not None
+                and all(p.base is base for p in packets)
+                and all(b - a == stride for a, b in zip(addr, addr[1:]))):
+            return np.lib.stride_tricks.as_strided(rows[0], shape=(len(rows), count),
+                                                   strides=(stride, dtype.itemsize),
+                                                   writeable=False)
+    return np.stack(rows) if rows else np.empty((0, count), dtype)
+
+
 class Codec:
     """Base class of all codecs.
 

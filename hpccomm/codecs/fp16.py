@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import PacketError
 from ..kernels import quantize as K
-from .base import HEADER_SIZE, Codec, register_codec
+from .base import HEADER_SIZE, Codec, payload_rows, register_codec
 
 
 class HalfWidthCodec(Codec):
@@ -51,6 +51,23 @@ class HalfWidthCodec(Codec):
 
     def _decode_into(self, packet, header, out, add):
         self._from_bits(packet[HEADER_SIZE:].view(np.uint16), out, add)
+
+    def owner_step(self, received, e, e_out, out, ctx):
+        """The owner stage of ``twoshot`` in one pass over the chunk
+        (:func:`~hpccomm.kernels.quantize.half_owner_step`): the rank-order
+        sum of the received packets, ``+ e``, its packet, ``e_out``
+        (``e_out=None``: no owner residual) and ``out = decode(packet)``, with the bits of the separate steps.
+        Returns the packet."""
+        m = out.size
+        for packet in received:
+            self.check_packet(packet, out)
+        bits = payload_rows(received, HEADER_SIZE, np.uint16, m)
+        packet = self.new_packet(self.wire_size(m), m, zeroed=False)
+        bad = K.half_owner_step(bits, self.bfloat, out if e is None else e, e is not None,
+                                e_out is not None, packet[HEADER_SIZE:].view(np.uint16),
+                                out if e_out is None else e_out, out)
+        self._raise_nonfinite(bad)
+        return packet
 
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import PacketError
 from ..kernels import quantize as K
-from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, register_codec
+from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, payload_rows, register_codec
 
 #: largest column length the header's uint32 field holds
 COL_LEN_MAX = 2**32 - 1
@@ -143,10 +143,10 @@ class OneBitCodec(Codec):
         """The owner stage of ``twoshot`` in two passes over the chunk:
         ``acc = sum of decode(received[src])`` in rank order into ``out``
         (:func:`~hpccomm.kernels.quantize.onebit_decode_sum`), then ``w = acc +
-        e`` into ``e_out``, its packet, ``e_out = w - decode(packet)`` and
-        ``out = decode(packet)`` (:func:`~hpccomm.kernels.quantize.onebit_owner_step`;
-        ``out`` is read before it is overwritten, and no loop works in place,
-        so all of them vectorize).
+        e`` into ``e_out``, its packet, ``e_out = w - decode(packet)``
+        (``e_out=None``: no owner residual) and ``out = decode(packet)``
+        (:func:`~hpccomm.kernels.quantize.onebit_owner_step`; ``out`` is read
+        before it is overwritten).
         The bits of decode-add, compensate, re-encode, decode and subtract.
         Returns the packet."""
         m = out.size
@@ -162,16 +162,17 @@ class OneBitCodec(Codec):
             packets.append(packet)
         ncols = -(-m // cols) if m else 0
         mbytes = 8 * ncols
-        means = np.stack([p[HEADER_SIZE:HEADER_SIZE + mbytes].view(np.float32) for p in packets])
-        words = np.stack([p[HEADER_SIZE + mbytes:].view(np.uint32) for p in packets])
+        means = payload_rows(packets, HEADER_SIZE, np.float32, 2 * ncols)
+        words = payload_rows(packets, HEADER_SIZE + mbytes, np.uint32, -(-m // 32))
         K.onebit_decode_sum(means, words, max(cols, 1), out)
         col_len = min(self.column_length(ctx.shape, m), max(m, 1))
         nc = -(-m // col_len)
         packet = self.new_packet(_packet_size(m, col_len), m, extra=col_len, zeroed=False)
         pm = packet[HEADER_SIZE:HEADER_SIZE + 8 * nc].view(np.float32)
         pw = packet[HEADER_SIZE + 8 * nc:].view(np.uint32)
-        bad = K.onebit_owner_step(out, out if e is None else e, e is not None, col_len, pm, pw,
-                                  e_out, out)
+        feedback = e_out is not None
+        bad = K.onebit_owner_step(out, out if e is None else e, e is not None, feedback, col_len,
+                                  pm, pw, out if e_out is None else e_out, out)
         self._raise_nonfinite(bad)
         return packet
 

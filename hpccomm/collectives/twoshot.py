@@ -97,10 +97,8 @@ class TwoShot(Algorithm):
         re-encode, the owner residual and this rank's slice of ``out``, with
         the bits of the separate steps (the owner decodes its packet as the
         others will)."""
-        if owner.enabled:
-            e, e_out = owner.fused_buffers(state, "owner", hi - lo)
-        else:
-            e, e_out = None, self.scratch("acc", hi - lo)
+        e, e_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
+                    else (None, None))
         with ctx.call.time("encode"):
             return self.codec.owner_step(received, e, e_out, out[lo:hi],
                                          ctx.encode_context(self.size + self.rank, lo))

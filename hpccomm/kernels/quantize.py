@@ -211,6 +211,70 @@ def half_encode_feedback(x, e, has_e, bf16, bits, e_out):
     return bad
 
 
+@njit(cache=True, inline="always")
+def _widen_block(bb, bf16, dec, scratch, add):
+    """``dec (+)= widen(bb)`` for a block of fp16 / bf16 bit patterns."""
+    m = bb.size
+    if bf16:
+        for k in range(m):
+            scratch[k] = np.uint32(bb[k]) << np.uint32(16)
+        vals = scratch.view(np.float32)
+        if add:
+            for k in range(m):
+                dec[k] += vals[k]
+        else:
+            for k in range(m):
+                dec[k] = vals[k]
+    else:
+        f16_to_f32(bb, dec, add)
+
+
+@njit(cache=True)
+def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
+    """The owner stage of ``twoshot`` for fp16 / bf16, one block at a time
+    (all of it in cache): ``acc = 0 + widen(received[0]) + widen(received[1])
+    + ...`` in rank order, ``w = acc + e`` (``acc`` without ``has_e``), its
+    bits into ``bits``, ``e_out = w - widen(bits)`` (with ``feedback``) and
+    ``out = widen(bits)``, what every rank decodes the packet to.  The bits of
+    decode-add, compensate, re-encode, decode and subtract.  Returns the
+    number of non-finite ``w``."""
+    n = out.size
+    scratch = np.empty(BLOCK, dtype=np.uint32)
+    acc = np.empty(BLOCK, dtype=np.float32)
+    dec = np.empty(BLOCK, dtype=np.float32)
+    bad = 0
+    for blo in range(0, n, BLOCK):
+        bhi = min(blo + BLOCK, n)
+        m = bhi - blo
+        ab = acc[:m]
+        for k in range(m):
+            ab[k] = 0.0
+        for src in range(received.shape[0]):
+            _widen_block(received[src, blo:bhi], bf16, ab, scratch, True)
+        if feedback:
+            wb = e_out[blo:bhi]
+            bad += _compensate_block(ab, e[blo:bhi], has_e, wb)
+        else:
+            wb = ab
+            for k in range(m):
+                v = ab[k]
+                bad += (v - v) != 0
+        bb = bits[blo:bhi]
+        if bf16:
+            f32_to_bf16(wb.view(np.uint32), bb, True)
+        else:
+            f32_to_f16(wb.view(np.uint32), bb)
+        db = dec[:m]
+        _widen_block(bb, bf16, db, scratch, False)
+        ob = out[blo:bhi]
+        for k in range(m):
+            ob[k] = db[k]
+        if feedback:
+            for k in range(m):
+                wb[k] = wb[k] - db[k]
+    return bad
+
+
 # ---------------------------------------------------------------------------
 # onebit
 # ---------------------------------------------------------------------------
@@ -346,6 +410,11 @@ def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out, decoded=
                 mn = np.float32(_lane_total(acc, LANES) / max(hi - lo - npos, 1))
                 means[2 * c] = mp
                 means[2 * c + 1] = mn
+                if not feedback and decoded is not None:   # (in place when decoded is x)
+                    col = src[lo:hi]
+                    dcol = decoded[lo:hi]
+                    for k in range(hi - lo):
+                        dcol[k] = mp if col[k] >= 0 else mn
                 if feedback:
                     col = e_out[lo:hi]
                     if decoded is None:
@@ -407,15 +476,16 @@ def onebit_decode_sum(means, words, col_len, out):
 
 
 @njit(cache=True)
-def onebit_owner_step(acc, e, has_e, col_len, means, words, e_out, decoded):
+def onebit_owner_step(acc, e, has_e, feedback, col_len, means, words, e_out, decoded):
     """The owner stage of ``twoshot`` on a summed chunk ``acc`` (from
     :func:`onebit_decode_sum`): ``w = acc + e`` (``acc`` without ``has_e``)
     into ``e_out``, the packet of ``w`` into ``means`` / ``words``, ``e_out =
-    w - decode(packet)`` (the owner's new residual) and ``decoded`` = what
-    the packet decodes to (this rank's slice of the result; it may be
-    ``acc`` itself: each column of ``acc`` is read before it is written).
-    Returns the number of non-finite ``w``."""
-    return _onebit_encode(acc, e, has_e, True, col_len, means, words, e_out, decoded)
+    w - decode(packet)`` (the owner's new residual; without ``feedback``
+    neither is written and ``w = acc``) and ``decoded`` = what the packet
+    decodes to (this rank's slice of the result; it may be ``acc`` itself:
+    each column of ``acc`` is read before it is written).  Returns the number
+    of non-finite ``w``."""
+    return _onebit_encode(acc, e, has_e, feedback, col_len, means, words, e_out, decoded)
 
 
 #: single-bit masks: ``w & _BITS[k]`` with a constant ``k`` per unrolled lane
