@@ -1,6 +1,7 @@
 """The public entry points: :class:`Allreducer` and :func:`allreduce`."""
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Dict, Optional
 
@@ -13,7 +14,7 @@ from .codecs.base import Codec, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.transport import Transport
 from .communicators import private_comm
-from .errors import ConsistencyError, NonFiniteError
+from .errors import ConsistencyError, nonfinite_input
 from .kernels.nonfinite import count_nonfinite
 from .memory import Memory, get_memory
 from .options import resolve_options
@@ -85,6 +86,7 @@ class Allreducer:
         self.algorithm: Optional[Algorithm] = None
         self.op, self.check, self.seed = op, check, int(seed)
         self.fused = bool(fused)
+        self._description: Optional[str] = None
         #: the error a bad configuration raises, or None.  Construction errors
         #: are not raised here: the first call (which is collective) raises
         #: them on every rank alike.
@@ -111,8 +113,11 @@ class Allreducer:
     def describe(self) -> str:
         if self.codec is None:
             return "<invalid configuration>"
-        return (f"codec={self.codec.describe()} algorithm={self.algorithm.describe()} op={self.op} "
-                f"ef={self.memory.describe()} seed={self.seed}")
+        if self._description is None:  # the configuration is fixed once built
+            self._description = (f"codec={self.codec.describe()} "
+                                 f"algorithm={self.algorithm.describe()} op={self.op} "
+                                 f"ef={self.memory.describe()} seed={self.seed}")
+        return self._description
 
     def __repr__(self) -> str:
         return f"Allreducer({self.describe()}, ranks={self.size})"
@@ -176,16 +181,32 @@ class Allreducer:
                                  f"{buf.size} {buf.dtype} ({'device' if buf.on_device else 'host'})")
         if (self._scans_input(buf) and buf.size
                 and (bad := count_nonfinite(np.ascontiguousarray(buf.host)))):
-            raise NonFiniteError(f"input holds {bad} NaN/Inf value(s); codec "
-                                 f"{self.codec.name!r} has nonfinite='raise'")
+            raise nonfinite_input(bad, self.codec.name)
         return buf, obuf
 
     def _scans_input(self, buf: Buffer) -> bool:
-        """Whether every call scans ``buf`` for NaN/Inf before the collective
+        """Whether this call scans ``buf`` for NaN/Inf before the collective
         agreement (so the error is raised on every rank; the codecs then skip
-        their own scan of the same data)."""
+        their own scan of the same data) -- unless the check is deferred to
+        the encode, which counts them in its one pass (:meth:`_defers_check`)."""
         return (self.codec.nonfinite == "raise" and self.check == "always"
-                and not buf.on_device and buf.dtype != "bfloat16")
+                and not buf.on_device and buf.dtype != "bfloat16"
+                and not self._defers_check(buf))
+
+    def _defers_check(self, buf: Buffer) -> bool:
+        """Whether the cross-rank check of this call runs after the local
+        encode instead of before it: when the encode is a fused kernel that
+        counts NaN/Inf on its pass (error feedback with a fusable memory, a
+        codec with ``encode_with_feedback``, an algorithm that encodes through
+        :class:`~hpccomm.collectives.base.Contribution`), so the input is not
+        read once more just to look for them.  Nothing is sent before the
+        check, so a bad value is still raised on every rank.  Not on the
+        first call (the private communicator is made then)."""
+        return (self._comm is not None and self.check == "always" and self.fused
+                and self.codec.nonfinite == "raise" and not buf.on_device
+                and buf.dtype == "float32" and self.algorithm.fuses_feedback
+                and self.memory.fusable
+                and getattr(self.codec, "encode_with_feedback", None) is not None)
 
     def __call__(self, x: Any, key: Optional[str] = None, *, out: Any = None) -> Any:
         """Reduce ``x`` over all ranks; return the result as the same kind of
@@ -197,13 +218,17 @@ class Allreducer:
         if err is None:
             prepared, err = check_local(self._prepare, x, out, key)
         first = key is None or key not in self._states
+        deferred = None
         if self.check == "always" or first or self._comm is None:
             if err is None:
                 buf = prepared[0]
                 desc = f"n={buf.size} dtype={buf.dtype} key={key!r} {self.describe()}"
+                if self._defers_check(buf):
+                    deferred = functools.partial(agree, self.parent, desc)
             else:
                 desc = "<error>"
-            agree(self.parent, desc, err)
+            if deferred is None:
+                agree(self.parent, desc, err)
         elif err is not None:
             raise err
         if self._comm is None:
@@ -217,7 +242,7 @@ class Allreducer:
         call = CallStats(key=key or "", n=buf.size)
         ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
                             seed=self.seed, step=state.step, shape=buf.shape,
-                            fused=self.fused, finite=self._scans_input(buf))
+                            fused=self.fused, finite=self._scans_input(buf), agree=deferred)
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, ctx)
         else:

@@ -25,5 +25,11 @@ class NonFiniteError(HpccommError, ValueError):
     """The input holds NaN or Inf and the policy is ``nonfinite="raise"``."""
 
 
+def nonfinite_input(count: int, codec: str) -> NonFiniteError:
+    """The error for ``count`` NaN/Inf values in a reducer's input."""
+    return NonFiniteError(f"input holds {count} NaN/Inf value(s); codec {codec!r} has "
+                          "nonfinite='raise'")
+
+
 class RemoteError(HpccommError):
     """An error of a class hpccomm cannot rebuild, raised on another rank."""

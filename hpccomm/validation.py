@@ -16,6 +16,7 @@ happy path costs one 32-byte allreduce.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 from typing import Optional
 
@@ -42,6 +43,7 @@ _REBUILDABLE = {
 }
 
 
+@functools.lru_cache(maxsize=4096)
 def description_hash(text: str) -> int:
     """A stable 62-bit hash of ``text`` (the same on every rank and run)."""
     digest = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()

@@ -149,3 +149,25 @@ def test_error_then_recovery():
     expect_everywhere(lambda: r(bad, key="w"), TypeError, "unsupported dtype int64")
     res = r(np.ones(3, np.float32), key="w")
     np.testing.assert_array_equal(res, np.full(3, SIZE, np.float32))
+
+
+@pytest.mark.parametrize("codec", ["onebit", "topk", "fp16"])
+def test_nan_counted_by_the_fused_encode_is_raised_everywhere(codec):
+    """With error feedback and a fused codec, NaN/Inf are counted in the
+    encode's own pass and the cross-rank check waits for it (the input is
+    not scanned separately): every rank raises the same error, counted over
+    the whole input (two bad values in different chunks), before anything is
+    sent, and the residuals stay as they were."""
+    n = 3 * 4096 * SIZE + 5
+    x = rank_data(n)
+    bad = x.copy()
+    if RANK == SIZE - 1:
+        bad[1], bad[n - 2] = np.nan, -np.inf
+    used = hpccomm.Allreducer(codec=codec, algorithm="twoshot", error_feedback=True)
+    clean = hpccomm.Allreducer(codec=codec, algorithm="twoshot", error_feedback=True)
+    used(x, key="k")
+    clean(x, key="k")
+    assert used._defers_check(hpccomm.buffers.as_buffer(bad)), "the check is not deferred"
+    expect_everywhere(lambda: used(bad, key="k"), NonFiniteError,
+                      f"rank {SIZE - 1}: input holds 2 NaN/Inf value(s); codec '{codec}'")
+    assert used(x, key="k").tobytes() == clean(x, key="k").tobytes()

@@ -150,20 +150,18 @@ class OneBitCodec(Codec):
         The bits of decode-add, compensate, re-encode, decode and subtract.
         Returns the packet."""
         m = out.size
-        cols, packets = None, []
+        cols = None
         for packet in received:
-            header = self.check_packet(packet, out)
-            col_len = int(header["extra"])
+            col_len = int(self.check_packet(packet, out)["extra"])
             if cols is None:
                 cols = col_len
             elif col_len != cols:
                 raise PacketError(f"{self.name}: packets of one chunk with column lengths "
                                   f"{cols} and {col_len}")
-            packets.append(packet)
         ncols = -(-m // cols) if m else 0
         mbytes = 8 * ncols
-        means = payload_rows(packets, HEADER_SIZE, np.float32, 2 * ncols)
-        words = payload_rows(packets, HEADER_SIZE + mbytes, np.uint32, -(-m // 32))
+        means = payload_rows(received, HEADER_SIZE, np.float32, 2 * ncols)
+        words = payload_rows(received, HEADER_SIZE + mbytes, np.uint32, -(-m // 32))
         K.onebit_decode_sum(means, words, max(cols, 1), out)
         col_len = min(self.column_length(ctx.shape, m), max(m, 1))
         nc = -(-m // col_len)

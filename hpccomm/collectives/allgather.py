@@ -22,7 +22,7 @@ class AllgatherAllreduce(Algorithm):
         codec, call, P, r = self.codec, ctx.call, self.size, self.rank
         n = work.x.size
         with call.time("encode"):
-            packet = work.encode(0, n, ctx.encode_context(r))
+            packet, = work.encode_chunks([0, n], ctx, r)
         if P == 1:
             with call.time("decode"):
                 codec.decode(packet, out)

@@ -10,11 +10,14 @@ owns error feedback (GRACE's ``send_step``)::
     work.commit()                          # e = v - decode(own packets)  (its update)
 
 Subclasses implement :meth:`Algorithm.exchange` only; they encode this
-rank's data through the :class:`Contribution` (``work.encode(lo, hi, ectx)``,
-or ``work.v`` for algorithms that read the compensated vector otherwise, then
-say what it decoded to with ``work.decoded`` / ``work.sent_pairs``).  A codec
-with ``encode_with_feedback`` then does compensate, encode and the residual
-in one pass.  Arguments:
+rank's data through the :class:`Contribution` (``work.encode_chunks(bounds,
+ctx, rank)``, or ``work.v`` for algorithms that read the compensated vector
+otherwise, then say what it decoded to with ``work.decoded`` /
+``work.sent_pairs``).  A codec with ``encode_with_feedback`` then does
+compensate, encode and the residual in one pass, counting NaN/Inf on the
+way; the reducer then defers its cross-rank check (``ctx.agree``) until that
+encode is done instead of reading the input once more to look for them.
+Arguments:
 
 * ``x`` -- this rank's contribution, a flat contiguous float32 (float64 for
   algorithms that list it in ``dtypes``) numpy array; it must not be modified;
@@ -32,12 +35,14 @@ order and owners use their decoded results exactly as the other ranks do.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import ClassVar, Dict, Optional, Tuple
+from typing import Callable, ClassVar, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 from mpi4py import MPI
 
 from ..codecs.base import Codec, EncodeContext
+from ..errors import NonFiniteError, nonfinite_input
+from ..kernels.nonfinite import count_nonfinite
 from ..memory import NONE, Memory
 from ..registry import Registry
 from ..state import KeyState
@@ -59,6 +64,11 @@ class ReduceContext:
     fused: bool = True
     #: the reducer has checked that ``x`` is finite (its collective scan)
     finite: bool = False
+    #: the call's cross-rank check, deferred past the local encode (the fused
+    #: kernels count NaN/Inf on their pass): ``agree(error_or_None)``, run once
+    #: by :meth:`Contribution.encode_chunks` before anything is sent; None when
+    #: the reducer ran it already
+    agree: Optional[Callable[[Optional[BaseException]], None]] = None
 
     @property
     def call(self) -> CallStats:
@@ -141,6 +151,32 @@ class Contribution:
             self._pending.append((lo, hi, packet))
         return packet
 
+    def encode_chunks(self, bounds: Sequence[int], ctx: ReduceContext,
+                      rank: int) -> List[np.ndarray]:
+        """The packets of ``v[bounds[j]:bounds[j + 1]]`` for every ``j``
+        (chunk ``j`` with ``offset = bounds[j]``, as ``rank``); then the
+        call's deferred cross-rank check (``ctx.agree``), so that an error
+        of this rank's encode -- a NaN/Inf its fused kernel counted -- is
+        raised on every rank before anything is sent."""
+        try:
+            packets = [self.encode(lo, hi, ctx.encode_context(rank, lo))
+                       for lo, hi in zip(bounds[:-1], bounds[1:])]
+        except Exception as exc:
+            if ctx.agree is None:
+                raise
+            ctx.agree(self._input_error(exc))
+            raise  # pragma: no cover (agree raised)
+        if ctx.agree is not None:
+            ctx.agree(None)
+        return packets
+
+    def _input_error(self, exc: Exception) -> Exception:
+        """The reducer's own error for NaN/Inf in ``x`` (counted over the
+        whole input: the kernel stopped at its chunk), else ``exc``."""
+        if isinstance(exc, NonFiniteError) and (bad := count_nonfinite(self.x)):
+            return nonfinite_input(bad, self.codec.name)
+        return exc
+
     def _own_buffer(self) -> np.ndarray:
         if self._own is None:
             self._own = self._scratch("own", self.x.size)
@@ -187,8 +223,10 @@ class Algorithm:
     dtypes: ClassVar[Tuple[str, ...]] = ("float32",)
     #: can run on device buffers directly (GPU-aware MPI)
     supports_device: ClassVar[bool] = False
-    #: touches the compensated vector only through ``Contribution.encode``
-    #: (so a codec's ``encode_with_feedback`` may fuse the bracket)
+    #: touches the compensated vector only through
+    #: ``Contribution.encode_chunks``, once per call and before any transfer
+    #: (so a codec's ``encode_with_feedback`` may fuse the bracket, and the
+    #: call's cross-rank check may wait for its NaN/Inf count)
     fuses_feedback: ClassVar[bool] = False
 
     def __init__(self, comm: MPI.Comm, codec: Codec, **options):

@@ -114,6 +114,22 @@ def displacements(counts: np.ndarray) -> np.ndarray:
     return d
 
 
+class Received(list):
+    """The packets of an all-to-all or allgather, by source rank: views of
+    one receive ``buffer``.  ``stride`` is set when they are equally long
+    and back to back (packet ``j`` then starts at byte ``j * stride``), so
+    a consumer may read them as the rows of one 2-D view
+    (:func:`hpccomm.codecs.base.payload_rows`); else it is None."""
+
+    __slots__ = ("buffer", "stride")
+
+    def __init__(self, buffer: np.ndarray, counts: List[int], displs: List[int]):
+        super().__init__([buffer[d:d + c] for d, c in zip(displs, counts)])
+        self.buffer = buffer
+        c0 = counts[0] if counts else 0
+        self.stride = c0 if c0 and counts.count(c0) == len(counts) else None
+
+
 class Request:
     """A transfer in flight.  ``wait()`` completes it and returns what the
     blocking form returns (again on later calls); ``test()`` says whether it
@@ -156,6 +172,8 @@ class Request:
 class _Types:
     """Derived datatypes of one call, freed together."""
 
+    __slots__ = ("block", "_made")
+
     def __init__(self, block: int):
         self.block = block
         self._made: List[MPI.Datatype] = []
@@ -182,7 +200,7 @@ def _address(buf: np.ndarray) -> int:
 
 def _joined(packets: Sequence[np.ndarray]) -> Optional[np.ndarray]:
     """The one buffer ``packets`` are consecutive views of, or None."""
-    if not packets:
+    if not packets or not isinstance(packets[0].base, np.ndarray):
         return None
     base = packets[0]
     addr = base.__array_interface__["data"][0]
@@ -287,7 +305,7 @@ class Transport:
 
         def finish():
             self._count(sum(send_counts) - send_counts[r], sum(recv_counts) - recv_counts[r])
-            return [recvbuf[rd[j]:rd[j] + recv_counts[j]] for j in range(P)]
+            return Received(recvbuf, recv_counts, rd)
 
         if not blocking:
             return Request(self.call, reqs, finish=finish, cleanup=types.free)
@@ -338,7 +356,7 @@ class Transport:
         def finish():
             others = sum(counts) - counts[r]
             self._model(others, others)
-            return [recvbuf[displs[j]:displs[j] + counts[j]] for j in range(P)]
+            return Received(recvbuf, counts, displs)
 
         if not blocking:
             return Request(self.call, reqs, finish=finish, cleanup=types.free)

@@ -55,15 +55,14 @@ class TwoShot(Algorithm):
         n = work.x.size
         if P == 1:  # no communication: the codec round trip
             with call.time("encode"):
-                packet = work.encode(0, n, ctx.encode_context(r))
+                packet, = work.encode_chunks([0, n], ctx, r)
             with call.time("decode"):
                 codec.decode(packet, out)
             work.decoded(0, n, out)
             return
         bounds, fixed, recv_sizes = self._plan(n, ctx.shape, state)
         with call.time("encode"):
-            packets = [work.encode(bounds[j], bounds[j + 1], ctx.encode_context(r, bounds[j]))
-                       for j in range(P)]
+            packets = work.encode_chunks(bounds, ctx, r)
         received = net.alltoallv(packets, recv_sizes)
         lo, hi = bounds[r], bounds[r + 1]
         owner = ctx.memory.owner
