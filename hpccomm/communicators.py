@@ -23,3 +23,14 @@ def private_comm(comm: MPI.Comm) -> MPI.Comm:
         dup.Set_name(f"hpccomm:{comm.Get_name()}")
         _DUPS[handle] = dup
     return dup
+
+
+def spans_one_node(comm: MPI.Comm) -> bool:
+    """Whether every rank of ``comm`` shares one node (``MPI_COMM_TYPE_SHARED``):
+    then MPI moves messages through shared memory with the ranks' own cores.
+    Collective; the same answer on every rank."""
+    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+    try:
+        return node.Get_size() == comm.Get_size()
+    finally:
+        node.Free()

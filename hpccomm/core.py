@@ -204,8 +204,8 @@ class Allreducer:
         first call (the private communicator is made then)."""
         return (self._comm is not None and self.check == "always" and self.fused
                 and self.codec.nonfinite == "raise" and not buf.on_device
-                and buf.dtype == "float32" and self.algorithm.fuses_feedback
-                and self.memory.fusable
+                and buf.dtype == "float32" and self.memory.fusable
+                and self.algorithm.checks_after_encode(buf.size, buf.shape)
                 and getattr(self.codec, "encode_with_feedback", None) is not None)
 
     def __call__(self, x: Any, key: Optional[str] = None, *, out: Any = None) -> Any:

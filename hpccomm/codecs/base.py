@@ -146,6 +146,15 @@ class Codec:
         (e.g. the column length of per-column codecs).  Default: ``unit``."""
         return self.unit
 
+    def segment_unit(self, shape: tuple) -> Optional[int]:
+        """Elements at whose multiples, counted from a chunk's start, the
+        chunk may be cut into pieces that are encoded, reduced and decoded
+        separately with the same bits -- what lets ``twoshot`` pipeline a
+        chunk in segments (the codec must also have ``owner_step``).  None
+        (the default) when a statistic spans the whole chunk (TernGrad's
+        scale, top-k's selection)."""
+        return None
+
     # -- summable form (codecs with summable = True) -------------------------
     # Algorithm "summable" reduces such codecs with one MPI_Allreduce:
     #   scale = MAX-allreduce of shared_scale(x)          (skipped when None)

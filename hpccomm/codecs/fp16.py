@@ -38,6 +38,9 @@ class HalfWidthCodec(Codec):
     def wire_size(self, n):
         return HEADER_SIZE + 2 * n
 
+    def segment_unit(self, shape):
+        return 1  # element by element
+
     def _payload_size(self, header):
         if int(header["extra"]) != 0:
             raise PacketError(f"{self.name}: header field 'extra' must be 0, "

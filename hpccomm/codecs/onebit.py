@@ -90,6 +90,10 @@ class OneBitCodec(Codec):
     def align(self, shape):
         return self.column_length(shape)
 
+    def segment_unit(self, shape):
+        # columns are independent: chunks cut at column boundaries
+        return self.column_length(shape)
+
     def wire_size(self, n, shape=None):
         """``16 + 8 ceil(n / H) + 4 ceil(n / 32)``; with ``col_len=None`` the
         column length comes from ``shape`` and the size is None without it."""

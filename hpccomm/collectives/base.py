@@ -247,6 +247,14 @@ class Algorithm:
             buf = bufs[name] = np.empty(n, dtype=dtype)
         return buf[:n]
 
+    def checks_after_encode(self, n: int, shape: tuple) -> bool:
+        """Whether a call of ``n`` elements encodes all of this rank's data
+        through :meth:`Contribution.encode_chunks` before its first transfer,
+        so that the reducer may defer its cross-rank check to it
+        (``ctx.agree``): the ``fuses_feedback`` algorithms, unless they
+        pipeline the call."""
+        return self.fuses_feedback
+
     def check_codec(self, codec: Codec) -> None:
         """Raise ValueError if this algorithm cannot carry ``codec``."""
 

@@ -26,9 +26,36 @@ compressed allreduce and CGX:
 Bytes per rank, for a codec with packet size ``C(m)`` for ``m`` elements:
 ``sum_{j != r} C(chunk_j)`` out in the all-to-all plus the other ranks' owner
 packets in the allgather, about ``2 (P-1)/P * C(n)``.
+
+Pipelining (option ``segments``).  With ``S > 1`` segments and a codec that
+can cut its chunks (:meth:`~hpccomm.codecs.base.Codec.segment_unit` and
+``owner_step``), every chunk is cut into ``S`` pieces at multiples of that
+unit and steps 2-5 run per segment -- the ``s``-th piece of every chunk --
+with non-blocking transfers: segment ``s + 1`` is encoded while segment
+``s``'s all-to-all is on the wire, and segment ``s - 1`` is decoded after
+segment ``s``'s owner step.  Owners, random streams and result bits are
+those of ``S = 1``; every piece is a packet of its own (its header more on
+the wire).  Overlap needs something besides these cores to move the bytes
+(a NIC, the kernel's TCP stack): within one node MPICH copies messages with
+the ranks' own cores, and nothing overlaps (``docs/results.md``).  So
+``segments="auto"`` is 1 when all ranks share a node, else one segment per
+:data:`SEGMENT_ELEMENTS` elements, at most :data:`MAX_SEGMENTS`.  Segmented
+calls keep the reducer's separate NaN/Inf scan (nothing may be sent before
+every rank has checked its input, and the pipeline sends before the encode
+is done).
 """
 
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+from ..communicators import spans_one_node
 from .base import Algorithm, chunk_bounds, register_algorithm
+
+#: elements per segment of ``segments="auto"`` across nodes (8 MiB of float32)
+SEGMENT_ELEMENTS = 1 << 21
+#: most segments of ``segments="auto"``
+MAX_SEGMENTS = 16
 
 
 @register_algorithm
@@ -36,6 +63,37 @@ class TwoShot(Algorithm):
     name = "twoshot"
 
     fuses_feedback = True
+
+    def __init__(self, comm, codec, segments="auto"):
+        super().__init__(comm, codec)
+        if segments != "auto" and (isinstance(segments, bool)
+                                   or not isinstance(segments, (int, np.integer))
+                                   or segments < 1):
+            raise ValueError(f"twoshot: segments must be 'auto' or a positive integer, "
+                             f"not {segments!r}")
+        self.segments = segments if segments == "auto" else int(segments)
+        #: whether all ranks share one node (asked on the first exchange)
+        self._one_node: Optional[bool] = None
+
+    def params(self):
+        return {"segments": self.segments}
+
+    def segment_count(self, n: int, shape: tuple, fused: bool = True) -> int:
+        """How many segments a call of ``n`` elements runs in (1: not
+        pipelined): the option, or the ``"auto"`` rule; 1 for codecs that
+        cannot cut their chunks, for ``fused=False`` and for ``P = 1``."""
+        codec = self.codec
+        if (self.size == 1 or not fused or getattr(codec, "owner_step", None) is None
+                or codec.segment_unit(shape) is None):
+            return 1
+        if self.segments != "auto":
+            return self.segments
+        if self._one_node is None or self._one_node:
+            return 1
+        return int(min(MAX_SEGMENTS, max(1, n // SEGMENT_ELEMENTS)))
+
+    def checks_after_encode(self, n: int, shape: tuple) -> bool:
+        return self.segment_count(n, shape) == 1
 
     def _plan(self, n, shape, state):
         """Chunk bounds, the fixed packet sizes (None when data-dependent) and
@@ -50,9 +108,32 @@ class TwoShot(Algorithm):
             plan = state.cache[key] = (bounds, fixed, [fixed[r]] * P if fixed else None)
         return plan
 
+    def _segment_plan(self, n, shape, S, state) -> List[Tuple[List[Tuple[int, int]],
+                                                            Optional[List[int]]]]:
+        """Per segment: the piece ``(lo, hi)`` of every chunk and the pieces'
+        fixed packet sizes (None when data-dependent).  Chunk ``j`` is cut at
+        multiples of the codec's segment unit counted from its start."""
+        key = ("twoshot-segments", n, tuple(shape), S)
+        plan = state.cache.get(key)
+        if plan is None:
+            codec, P = self.codec, self.size
+            bounds = self._plan(n, shape, state)[0]
+            unit = codec.segment_unit(shape)
+            cuts = [[bounds[j] + int(c) for c in chunk_bounds(bounds[j + 1] - bounds[j], S, unit)]
+                    for j in range(P)]
+            plan = []
+            for s in range(S):
+                pieces = [(cuts[j][s], cuts[j][s + 1]) for j in range(P)]
+                sizes = [codec.wire_size_for(hi - lo, shape) for lo, hi in pieces]
+                plan.append((pieces, None if None in sizes else sizes))
+            state.cache[key] = plan
+        return plan
+
     def exchange(self, work, out, state, ctx):
         codec, net, call, P, r = self.codec, ctx.net, ctx.call, self.size, self.rank
         n = work.x.size
+        if self._one_node is None and P > 1:
+            self._one_node = spans_one_node(net.comm)
         if P == 1:  # no communication: the codec round trip
             with call.time("encode"):
                 packet, = work.encode_chunks([0, n], ctx, r)
@@ -60,15 +141,23 @@ class TwoShot(Algorithm):
                 codec.decode(packet, out)
             work.decoded(0, n, out)
             return
+        # a check deferred to the encode (decided before the first call knew
+        # the node layout) needs the whole encode before any transfer
+        S = 1 if ctx.agree is not None else self.segment_count(n, ctx.shape, ctx.fused)
+        owner = ctx.memory.owner
+        fused_owner = (ctx.fused and getattr(codec, "owner_step", None) is not None
+                       and (owner.fusable or not owner.enabled))
+        if S > 1 and fused_owner:
+            self._pipelined(work, out, state, ctx, S)
+            return
         bounds, fixed, recv_sizes = self._plan(n, ctx.shape, state)
         with call.time("encode"):
             packets = work.encode_chunks(bounds, ctx, r)
         received = net.alltoallv(packets, recv_sizes)
         lo, hi = bounds[r], bounds[r + 1]
-        owner = ctx.memory.owner
-        if ctx.fused and getattr(codec, "owner_step", None) is not None \
-                and (owner.fusable or not owner.enabled):
-            owner_packet = self._fused_owner(received, out, lo, hi, owner, state, ctx)
+        if fused_owner:
+            e, e_out = self._owner_buffers(owner, state, hi - lo)
+            owner_packet = self._fused_owner(received, out, lo, hi, e, e_out, ctx)
             gathered = net.allgatherv(owner_packet, fixed)
             with call.time("decode"):
                 for j in range(P):
@@ -91,13 +180,61 @@ class TwoShot(Algorithm):
                 codec.decode(gathered[j], out[bounds[j]:bounds[j + 1]])
         owner.update(state, "owner", w, out[lo:hi])
 
-    def _fused_owner(self, received, out, lo, hi, owner, state, ctx):
-        """Step 4 in the codec's ``owner_step``: decode-sum, compensate,
-        re-encode, the owner residual and this rank's slice of ``out``, with
-        the bits of the separate steps (the owner decodes its packet as the
-        others will)."""
-        e, e_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
-                    else (None, None))
+    def _pipelined(self, work, out, state, ctx, S):
+        """Steps 2-5 in ``S`` segments with non-blocking transfers (see the
+        module docstring): encode ``s + 1`` while ``s`` is on the wire, owner
+        step ``s``, decode ``s - 1`` after it."""
+        codec, net, call, P, r = self.codec, ctx.net, ctx.call, self.size, self.rank
+        plan = self._segment_plan(work.x.size, ctx.shape, S, state)
+        bounds = self._plan(work.x.size, ctx.shape, state)[0]
+        owner = ctx.memory.owner
+        e, e_out = self._owner_buffers(owner, state, bounds[r + 1] - bounds[r])
+        base = bounds[r]
+
+        def start_alltoall(s):
+            pieces, sizes = plan[s]
+            with call.time("encode"):
+                packets = [work.encode(lo, hi, ctx.encode_context(r, lo)) for lo, hi in pieces]
+            return net.ialltoallv(packets, None if sizes is None else [sizes[r]] * P), packets
+
+        def decode(s, gathered):
+            with call.time("decode"):
+                for j, (lo, hi) in enumerate(plan[s][0]):
+                    if j != r:
+                        codec.decode(gathered[j], out[lo:hi])
+
+        a2a = [start_alltoall(0)]
+        gathers = []
+        for s in range(S):
+            if s + 1 < S:
+                a2a.append(start_alltoall(s + 1))
+            received = a2a[s][0].wait()
+            a2a[s] = None                       # its send packets may go
+            lo, hi = plan[s][0][r]
+            sl = slice(lo - base, hi - base)
+            packet = self._fused_owner(received, out, lo, hi,
+                                       None if e is None else e[sl],
+                                       None if e_out is None else e_out[sl], ctx)
+            sizes = plan[s][1]
+            gathers.append((net.iallgatherv(packet, sizes), packet))
+            if s >= 1:
+                decode(s - 1, gathers[s - 1][0].wait())
+                gathers[s - 1] = None
+        decode(S - 1, gathers[S - 1][0].wait())
+        if owner.enabled:
+            owner.commit_fused(state, "owner")
+
+    @staticmethod
+    def _owner_buffers(owner, state, m):
+        """The owner memory's ``(e, e_out)`` for a chunk of ``m``, or (None,
+        None) without owner memory."""
+        return owner.fused_buffers(state, "owner", m) if owner.enabled else (None, None)
+
+    def _fused_owner(self, received, out, lo, hi, e, e_out, ctx):
+        """Step 4 in the codec's ``owner_step`` for ``[lo, hi)``: decode-sum,
+        compensate, re-encode, the owner residual and this rank's slice of
+        ``out``, with the bits of the separate steps (the owner decodes its
+        packet as the others will)."""
         with ctx.call.time("encode"):
             return self.codec.owner_step(received, e, e_out, out[lo:hi],
                                          ctx.encode_context(self.size + self.rank, lo))
