@@ -270,3 +270,15 @@ def test_every_codec_with_its_own_options_and_check(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = json.loads(out.read_text())["rows"]
     assert {r["algorithm_name"] for r in rows} == {"MPI_Allreduce", "mpi", *sparse}
+
+
+def test_report_floor_with_and_without_pipelining():
+    """1 ms on the wire (125 kB at 1 Gbit/s) and 3 ms of kernels: one after
+    the other unsegmented; in 4 segments the longer plus a quarter of the
+    shorter."""
+    from hpccomm.bench.report import floor_seconds
+
+    row = {"wire_bytes": 125_000, "t_encode": 2e-3, "t_decode": 1e-3}
+    assert floor_seconds(row, 1e9) == pytest.approx(4e-3)
+    assert floor_seconds({**row, "segments": 4}, 1e9) == pytest.approx(3.25e-3)
+    assert floor_seconds({**row, "segments": 4}, None) == pytest.approx(3e-3)

@@ -7,6 +7,13 @@ time measured in the same run::
 
     floor = wire_bytes * 8 / rate + t_encode + t_decode
 
+and for a call pipelined in ``S > 1`` segments (the row's ``segments``),
+where the wire works while the kernels run::
+
+    floor = max(wire, kernels) + min(wire, kernels) / S
+
+(the longer of the two, plus one segment of the shorter to fill and drain
+the pipeline).
 ``wire_bytes`` is what the busiest rank sent in one call (the row's
 ``wire(B)``), ``t_encode`` / ``t_decode`` the medians of the slowest rank.
 On a per-host emulated network every rank's NIC carries its own bytes at
@@ -53,7 +60,11 @@ def floor_seconds(row: dict, bits_per_second) -> float:
     kernels = float(row.get("t_encode", 0.0)) + float(row.get("t_decode", 0.0))
     if bits_per_second is None:
         return kernels
-    return int(row["wire_bytes"]) * 8 / bits_per_second + kernels
+    wire = int(row["wire_bytes"]) * 8 / bits_per_second
+    segments = int(row.get("segments", 1))
+    if segments > 1:
+        return max(wire, kernels) + min(wire, kernels) / segments
+    return wire + kernels
 
 
 def table(data: dict, rate=None, sizes=None) -> str:
@@ -65,6 +76,8 @@ def table(data: dict, rate=None, sizes=None) -> str:
     for r in rows:
         case = ("MPI_Allreduce" if r["algorithm_name"] == "MPI_Allreduce"
                 else f"{r['codec_name']}+{r['algorithm_name']}")
+        if int(r.get("segments", 1)) > 1:
+            case += f" ({r['segments']} segments)"
         floor = floor_seconds(r, bps)
         gap = f"{r['time_median'] / floor:.1f}" if floor > 0 else "–"
         lines.append("| " + " | ".join([
@@ -83,6 +96,8 @@ def pivot(data: dict, sizes=None) -> str:
     for r in rows:
         case = ("MPI_Allreduce" if r["algorithm_name"] == "MPI_Allreduce"
                 else f"{r['codec_name']}+{r['algorithm_name']}")
+        if int(r.get("segments", 1)) > 1:
+            case += f" ({r['segments']} segments)"
         if case not in cases:
             cases.append(case)
         cells[case, r["size"]] = (f"{fmt_time(r['time_median'])}" if case == "MPI_Allreduce"

@@ -148,6 +148,7 @@ class TwoShot(Algorithm):
         fused_owner = (ctx.fused and getattr(codec, "owner_step", None) is not None
                        and (owner.fusable or not owner.enabled))
         if S > 1 and fused_owner:
+            call.extra["segments"] = S
             self._pipelined(work, out, state, ctx, S)
             return
         bounds, fixed, recv_sizes = self._plan(n, ctx.shape, state)
