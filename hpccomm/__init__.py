@@ -15,6 +15,7 @@ from .codecs import Codec, EncodeContext, available_codecs, get_codec, register_
 from .collectives import Algorithm, available_algorithms, register_algorithm
 from .core import Allreducer, allreduce
 from .errors import ConsistencyError, HpccommError, NonFiniteError, PacketError, RemoteError
+from .kernels.threads import set_threads
 from .sparse_vectors import SparseVector, sparse_algorithms, sparse_allreduce
 from .stats import CallStats, Stats
 
@@ -58,4 +59,5 @@ __all__ = [
     "PacketError",
     "NonFiniteError",
     "RemoteError",
+    "set_threads",
 ]

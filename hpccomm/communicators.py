@@ -25,12 +25,18 @@ def private_comm(comm: MPI.Comm) -> MPI.Comm:
     return dup
 
 
-def spans_one_node(comm: MPI.Comm) -> bool:
-    """Whether every rank of ``comm`` shares one node (``MPI_COMM_TYPE_SHARED``):
-    then MPI moves messages through shared memory with the ranks' own cores.
-    Collective; the same answer on every rank."""
+def ranks_on_node(comm: MPI.Comm) -> int:
+    """How many ranks of ``comm`` share this rank's node
+    (``MPI_COMM_TYPE_SHARED``).  Collective."""
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
-        return node.Get_size() == comm.Get_size()
+        return node.Get_size()
     finally:
         node.Free()
+
+
+def spans_one_node(comm: MPI.Comm) -> bool:
+    """Whether every rank of ``comm`` shares one node: then MPI moves
+    messages through shared memory with the ranks' own cores.  Collective;
+    the same answer on every rank."""
+    return ranks_on_node(comm) == comm.Get_size()

@@ -13,8 +13,9 @@ from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_b
 from .codecs.base import Codec, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.transport import Transport
-from .communicators import private_comm
+from .communicators import private_comm, ranks_on_node
 from .errors import ConsistencyError, nonfinite_input
+from .kernels import threads
 from .kernels.nonfinite import count_nonfinite
 from .memory import Memory, get_memory
 from .options import resolve_options
@@ -233,6 +234,7 @@ class Allreducer:
             raise err
         if self._comm is None:
             self._comm = private_comm(self.parent)
+            threads.fit_to_node(ranks_on_node(self._comm))
         buf, obuf = prepared
         state = self._states.get(key) if key is not None else None
         if state is None:

@@ -750,3 +750,4 @@ def test_codecs_skip_their_scan_only_when_the_caller_checked_the_input():
         reducer(clean, key="k")
         with pytest.raises(NonFiniteError, match=re.escape(who)):
             reducer(x, key="k")
+

@@ -7,7 +7,6 @@ import sys
 import warnings
 from fractions import Fraction
 
-import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,7 +20,6 @@ from hpccomm.codecs import topk as topk_mod
 from hpccomm.dgc_optimizer import DGCMomentum, warmup_density
 from hpccomm.errors import NonFiniteError, PacketError
 from hpccomm.kernels.rng import hash_index_cpu, stream_key
-from hpccomm.kernels.sparsify import BLOCK
 
 SIZES = [0, 1, 7, 31, 33, 100, 1000, 4097]
 CTX = EncodeContext(seed=5, rank=1, step=3)
@@ -558,25 +556,6 @@ def test_error_feedback_invariant(case):
         e = v - d
         sent += d
     np.testing.assert_allclose(sent + e, total_in, rtol=0, atol=1e-4 * (1 + np.abs(total_in).max()))
-
-
-@pytest.mark.skipif(numba.config.NUMBA_NUM_THREADS < 2, reason="needs 2 numba threads")
-def test_packets_do_not_depend_on_the_thread_count():
-    n = 3 * BLOCK + 5  # several blocks of the parallel passes
-    x = data(n, 24)
-    ctx = EncodeContext(seed=1, shape=(n // 5, 5))
-    codecs = [get_codec("topk", ratio=0.01), get_codec("dgc", ratio=0.01),
-              get_codec("threshold", alpha=2.0), get_codec("adaptive", proportion=2)]
-    before = numba.get_num_threads()
-    try:
-        packets = []
-        for threads in (1, 2):
-            numba.set_num_threads(threads)
-            packets.append([c.encode(x, ctx) for c in codecs])
-    finally:
-        numba.set_num_threads(before)
-    for one, two in zip(*packets):
-        np.testing.assert_array_equal(one, two)
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -163,6 +163,7 @@ def run_raw(comm, x, exact, iters, warmup):
         "time_max": float(np.max(slowest)), "iterations": iters,
         "t_encode": 0.0, "t_comm": float(np.median(slowest)), "t_decode": 0.0,
         "wire_bytes": 2 * (p - 1) * x.nbytes // p if p > 1 else 0, "wire_modelled": True,
+        "segments": 1,
         "rel_err": rel, "max_err": max_err, "error_feedback": False,
         "wrong": None, "check_failures": [], "check_tolerance": None,
         "result_hash": digest, "fresh_hash": digest,
@@ -264,6 +265,8 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
+    from hpccomm.kernels import threads as kernel_threads
+    kernel_threads.set_threads(numba.get_num_threads())
     options = parse_options(args.option)
     ef = {"auto": None, "on": True, "off": False}[args.error_feedback]
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]

@@ -104,6 +104,8 @@ def main(argv=None) -> int:
     p.add_argument("-J", "--json", default=None, metavar="FILE")
     args = p.parse_args(argv)
     numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
+    from hpccomm.kernels import threads as kernel_threads
+    kernel_threads.set_threads(numba.get_num_threads())
     names = [c.strip() for c in args.codec.split(",")] if args.codec else list(
         hpccomm.available_codecs())
     options = parse_options(args.option)

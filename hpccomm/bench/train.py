@@ -304,6 +304,8 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
+    from hpccomm.kernels import threads as kernel_threads
+    kernel_threads.set_threads(numba.get_num_threads())
     args.hidden = [int(h) for h in args.hidden.split(",") if h.strip()]
     all_options = parse_options(args.option)
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]

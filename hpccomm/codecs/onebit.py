@@ -45,6 +45,7 @@ import numpy as np
 
 from ..errors import PacketError
 from ..kernels import quantize as K
+from ..kernels import threads
 from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, payload_rows, register_codec
 
 #: largest column length the header's uint32 field holds
@@ -53,6 +54,19 @@ COL_LEN_MAX = 2**32 - 1
 
 def _packet_size(n: int, col_len: int) -> int:
     return HEADER_SIZE + 8 * (-(-n // col_len)) + 4 * (-(-n // 32))
+
+
+def _tile_columns(n: int, col_len: int) -> int:
+    """Columns per tile when the kernels should run on several threads (at
+    least two tiles and more than one thread), else 0.  Either way the bits
+    are the same (:func:`~hpccomm.kernels.quantize.onebit_tile_columns`)."""
+    if n < 2 * K.TILE or threads.get() == 1:
+        return 0
+    cols = K.onebit_tile_columns(col_len)
+    if -(-n // col_len) <= cols:
+        return 0
+    threads.use()
+    return cols
 
 
 @register_codec
@@ -122,7 +136,11 @@ class OneBitCodec(Codec):
         packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len, zeroed=False)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
-        K.onebit_encode(x, col_len, means, words)
+        tiles = _tile_columns(n, col_len)
+        if tiles:
+            K.onebit_encode_tiles(x, x, False, False, col_len, means, words, x, None, tiles)
+        else:
+            K.onebit_encode(x, col_len, means, words)
         return packet
 
     def encode_with_feedback(self, x, e, e_out, ctx):
@@ -138,8 +156,13 @@ class OneBitCodec(Codec):
         packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len, zeroed=False)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
-        bad = K.onebit_encode_feedback(x, x if e is None else e, e is not None,
-                                       col_len, means, words, e_out)
+        tiles = _tile_columns(n, col_len)
+        if tiles:
+            bad = K.onebit_encode_tiles(x, x if e is None else e, e is not None, True, col_len,
+                                        means, words, e_out, None, tiles)
+        else:
+            bad = K.onebit_encode_feedback(x, x if e is None else e, e is not None,
+                                           col_len, means, words, e_out)
         self._raise_nonfinite(bad)
         return packet
 
@@ -166,15 +189,21 @@ class OneBitCodec(Codec):
         mbytes = 8 * ncols
         means = payload_rows(received, HEADER_SIZE, np.float32, 2 * ncols)
         words = payload_rows(received, HEADER_SIZE + mbytes, np.uint32, -(-m // 32))
-        K.onebit_decode_sum(means, words, max(cols, 1), out)
+        tiles = _tile_columns(m, max(cols, 1))
+        if tiles:
+            K.onebit_decode_sum_tiles(means, words, cols, out, tiles)
+        else:
+            K.onebit_decode_sum(means, words, max(cols, 1), out)
         col_len = min(self.column_length(ctx.shape, m), max(m, 1))
         nc = -(-m // col_len)
         packet = self.new_packet(_packet_size(m, col_len), m, extra=col_len, zeroed=False)
         pm = packet[HEADER_SIZE:HEADER_SIZE + 8 * nc].view(np.float32)
         pw = packet[HEADER_SIZE + 8 * nc:].view(np.uint32)
         feedback = e_out is not None
-        bad = K.onebit_owner_step(out, out if e is None else e, e is not None, feedback, col_len,
-                                  pm, pw, out if e_out is None else e_out, out)
+        args = (out, out if e is None else e, e is not None, feedback, col_len, pm, pw,
+                out if e_out is None else e_out, out)
+        tiles = _tile_columns(m, col_len)
+        bad = (K.onebit_encode_tiles(*args, tiles) if tiles else K.onebit_owner_step(*args))
         self._raise_nonfinite(bad)
         return packet
 
@@ -183,4 +212,8 @@ class OneBitCodec(Codec):
         ncols = -(-n // col_len)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
-        K.onebit_decode(words, means, col_len, out, add)
+        tiles = _tile_columns(n, col_len)
+        if tiles:
+            K.onebit_decode_tiles(words, means, col_len, out, add, tiles)
+        else:
+            K.onebit_decode(words, means, col_len, out, add)

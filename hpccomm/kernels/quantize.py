@@ -36,8 +36,10 @@ that numba emits no negative-index wraparound (which defeats vectorization).
 Packing through uint16 / uint32 views of the scratch assumes a little-endian
 host.
 """
+import math
+
 import numpy as np
-from numba import njit
+from numba import njit, prange
 
 from .rng import uniform01_cpu
 
@@ -540,6 +542,78 @@ def onebit_decode(words, means, col_len, out, add):
             else:
                 out[i] = v
             i += 1
+
+
+# ---------------------------------------------------------------------------
+# onebit, several threads: tiles of whole columns
+# ---------------------------------------------------------------------------
+#: elements per tile of the parallel onebit kernels (at least; whole columns)
+TILE = 1 << 16
+
+
+def onebit_tile_columns(col_len: int) -> int:
+    """Columns per tile of the parallel onebit kernels: at least :data:`TILE`
+    elements, and a multiple of 32 elements so that a tile owns whole sign
+    words.  Fixed by the data, not by the thread count: every column is
+    encoded by the one-thread code, so the bits are those of one thread."""
+    cols = max(1, -(-TILE // col_len))
+    step = 32 // math.gcd(col_len, 32)
+    return -(-cols // step) * step
+
+
+@njit(cache=True, inline="always")
+def _tile(t, tile_cols, ncols, col_len, n, nwords):
+    """Columns ``[c0, c1)``, elements ``[lo, hi)`` and words ``[w0, w1)`` of
+    tile ``t`` (the last tile takes the words to the end)."""
+    c0 = t * tile_cols
+    c1 = min(c0 + tile_cols, ncols)
+    lo = c0 * col_len
+    hi = min(c1 * col_len, n)
+    w1 = nwords if c1 == ncols else hi // 32
+    return c0, c1, lo, hi, lo // 32, w1
+
+
+@njit(cache=True, parallel=True)
+def onebit_encode_tiles(x, e, has_e, feedback, col_len, means, words, e_out, decoded,
+                        tile_cols):
+    """:func:`_onebit_encode` tile by tile on several threads (``decoded``
+    may be None); returns the number of non-finite values, as it does."""
+    n = x.size
+    ncols = means.size // 2
+    bad = 0
+    for t in prange((ncols + tile_cols - 1) // tile_cols):
+        c0, c1, lo, hi, w0, w1 = _tile(t, tile_cols, ncols, col_len, n, words.size)
+        if decoded is None:
+            bad += _onebit_encode(x[lo:hi], e[lo:hi], has_e, feedback, col_len,
+                                  means[2 * c0:2 * c1], words[w0:w1], e_out[lo:hi])
+        else:
+            bad += _onebit_encode(x[lo:hi], e[lo:hi], has_e, feedback, col_len,
+                                  means[2 * c0:2 * c1], words[w0:w1], e_out[lo:hi],
+                                  decoded[lo:hi])
+    return bad
+
+
+@njit(cache=True, parallel=True)
+def onebit_decode_tiles(words, means, col_len, out, add, tile_cols):
+    """:func:`onebit_decode` tile by tile on several threads."""
+    n = out.size
+    ncols = means.size // 2
+    for t in prange((ncols + tile_cols - 1) // tile_cols):
+        c0, c1, lo, hi, w0, w1 = _tile(t, tile_cols, ncols, col_len, n, words.size)
+        onebit_decode(words[w0:w1], means[2 * c0:2 * c1], col_len, out[lo:hi], add)
+
+
+@njit(cache=True, parallel=True)
+def onebit_decode_sum_tiles(means, words, col_len, out, tile_cols):
+    """:func:`onebit_decode_sum` tile by tile on several threads (every
+    tile adds the packets in packet order)."""
+    n = out.size
+    ncols = means.shape[1] // 2
+    for t in prange((ncols + tile_cols - 1) // tile_cols):
+        c0, c1, lo, hi, w0, w1 = _tile(t, tile_cols, ncols, col_len, n, words.shape[1])
+        for src in range(means.shape[0]):
+            onebit_decode(words[src, w0:w1], means[src, 2 * c0:2 * c1], col_len, out[lo:hi],
+                          src > 0)
 
 
 # ---------------------------------------------------------------------------

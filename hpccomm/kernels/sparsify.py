@@ -28,6 +28,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from . import threads
 from .rng import hash_index_cpu
 
 #: elements per block of the block-parallel passes (a multiple of 64)
@@ -36,17 +37,19 @@ BLOCK = 1 << 16
 
 @contextmanager
 def threads_for(n: int):
-    """Run the block-parallel kernels on one thread when ``n`` fits in one
+    """Run the block-parallel kernels on hpccomm's thread count
+    (:mod:`hpccomm.kernels.threads`), or on one thread when ``n`` fits in one
     block: there is nothing to split, and starting numba's thread pool costs
     far more than the work -- measured with 4 ranks on 2 cores and numba's
     default 2 threads per rank (OpenMP layer): 57 ms per top-k selection of
     4096 elements, 0.18 ms on one thread.  The results do not depend on the
     thread count either way."""
+    want = threads.get() if n > BLOCK else 1
     prev = numba.get_num_threads()
-    if n > BLOCK or prev == 1:
+    if want == prev:
         yield
         return
-    numba.set_num_threads(1)
+    numba.set_num_threads(want)
     try:
         yield
     finally:
