@@ -110,21 +110,36 @@ def ref_dgc(x, ratio, sample_ratio, max_iters, ctx):
     return dense(n, idx, x[idx])
 
 
-def ref_adaptive_exact(x, H, pi, excess):
-    """Adaptive quantization with every column short enough for exact selection."""
+def ref_adaptive(x, H, pi, excess, samples=None, ctx=CTX):
+    """Adaptive quantization as documented in the codec: columns of more than
+    ``samples`` rows take their thresholds from ``samples`` rows drawn with
+    the counter RNG, shorter ones from all their rows; means are row-order
+    float64 sums (``cumsum``) over the counts."""
+    from hpccomm.codecs.adaptive import SALT
+    from hpccomm.kernels.rng import hash_index
+    key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
     out = np.zeros(x.size, dtype=np.float32)
     for lo in range(0, x.size, max(1, H)):
         col = x[lo:lo + H]
         h = col.size
+        sample = col
+        if samples is not None and h > samples:
+            z = hash_index(key, np.arange(samples, dtype=np.uint64) + np.uint64(ctx.offset + lo))
+            m32, s32, hh = np.uint64(0xFFFFFFFF), np.uint64(32), np.uint64(h)
+            rows = ((z >> s32) * hh + (((z & m32) * hh) >> s32)) >> s32
+            sample = col[rows.astype(np.int64)]
         cap = min(h, excess * max(1, -(-h // pi)))
         for sign in (1, -1):
             v = (col * np.float32(sign)).astype(np.float32)
-            pos = np.sort(v[v > 0])[::-1]
-            if pos.size == 0:
+            drawn = (sample * np.float32(sign)).astype(np.float32)
+            top = np.sort(drawn[drawn > 0])[::-1]
+            if top.size == 0:
                 continue
-            tau = pos[max(1, pos.size // pi) - 1]
+            tau = top[max(1, top.size // pi) - 1]
             rows = ref_largest(v, np.flatnonzero(v >= tau), cap)
-            out[lo + rows] = np.float32(col[rows].astype(np.float64).mean())
+            if rows.size:
+                total = np.cumsum(col[rows].astype(np.float64))[-1]
+                out[lo + rows] = np.float32(total / rows.size)
     return out
 
 
@@ -469,7 +484,28 @@ def test_adaptive_exact_columns_match_numpy(n, pi, H):
     x = data(n, 16)
     codec = get_codec("adaptive", proportion=pi, col_len=H)
     assert H <= codec.samples
-    np.testing.assert_array_equal(roundtrip(codec, x)[1], ref_adaptive_exact(x, min(H, n), pi, 4))
+    np.testing.assert_array_equal(roundtrip(codec, x)[1], ref_adaptive(x, min(H, n), pi, 4))
+
+
+@pytest.mark.parametrize("n", [1000, 4097, 20_000])
+@pytest.mark.parametrize("pi,H,excess", [(4, 100, 4), (2, 300, 1), (16, 4096, 4), (8, 999, 2)])
+@pytest.mark.parametrize("kind", ["normal", "ties", "plateau"])
+def test_adaptive_sampled_columns_match_numpy(n, pi, H, excess, kind):
+    """Columns longer than the sample (``8 pi``) against the reference with
+    the documented draws, bit for bit.  Rounded data puts ties at the
+    thresholds; a plateau (most magnitudes exactly 1, a few larger ones
+    scattered) makes the sampled threshold 1, so a side overflows its cap and
+    is cut to the largest entries plus the first ties."""
+    x = data(n, 19)
+    if kind == "ties":
+        x = np.round(x * 2).astype(np.float32)
+    elif kind == "plateau":
+        x = np.where(np.abs(x) < 1.6, np.sign(x), x).astype(np.float32)
+    codec = get_codec("adaptive", proportion=pi, col_len=H, excess=excess)
+    ctx = EncodeContext(seed=3, rank=2, step=5, offset=77)
+    assert min(H, n) > codec.samples
+    np.testing.assert_array_equal(roundtrip(codec, x, ctx)[1],
+                                  ref_adaptive(x, min(H, n), pi, excess, codec.samples, ctx))
 
 
 @pytest.mark.parametrize("shape", [(4, 2500), (2, 5000), (10_000,), ()])
