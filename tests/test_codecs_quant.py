@@ -752,7 +752,9 @@ def test_unaligned_packets_decode_alike(name, params):
 FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097}),
          ("onebit", {"col_len": 1 << 16}), ("fp16", {}), ("bf16", {}),
          ("topk", {"ratio": 0.01}), ("topk", {"ratio": 0.3, "exact": True}),
-         ("dgc", {"ratio": 0.01})]
+         ("dgc", {"ratio": 0.01}),
+         ("threshold", {}), ("threshold", {"tau": 0.5}),
+         ("threshold", {"alpha": 0.5, "max_ratio": 0.01})]   # the cap cuts
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
@@ -780,7 +782,7 @@ def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
     assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
-@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc"])
+@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc", "threshold"])
 def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     x = np.arange(10, dtype=np.float32)
     x[7] = np.inf
@@ -792,6 +794,29 @@ def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     out = np.empty(10, np.float32)
     hpccomm.get_codec(name, nonfinite="propagate").encode_with_feedback(x, e, out,
                                                                         EncodeContext())
+
+
+@pytest.mark.parametrize("name,params", FUSED)
+def test_encode_with_feedback_propagates_like_the_three_steps(name, params):
+    """``nonfinite="propagate"``: infinities and NaN in ``v`` give the packet
+    and residual bits of encode, decode and subtract too."""
+    codec = hpccomm.get_codec(name, nonfinite="propagate", **params)
+    rng = np.random.default_rng(3)
+    n = 300
+    x = rng.standard_normal(n).astype(np.float32)
+    x[[5, 50, 250]] = np.inf
+    x[[7, 120]] = -np.inf
+    x[[9, 200]] = np.nan
+    e = rng.standard_normal(n).astype(np.float32)
+    ctx = EncodeContext(shape=(n,))
+    e_out = np.empty(n, np.float32)
+    packet = codec.encode_with_feedback(x, e, e_out, ctx)
+    v = x + e
+    want = codec.encode(v, ctx)
+    with np.errstate(invalid="ignore"):
+        want_e = v - codec.decode(want, np.empty(n, np.float32))
+    assert packet.tobytes() == want.tobytes()
+    assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
 def test_codecs_skip_their_scan_only_when_the_caller_checked_the_input():

@@ -21,6 +21,7 @@ from hpccomm.codecs import topk as topk_mod
 from hpccomm.dgc_optimizer import DGCMomentum, warmup_density
 from hpccomm.errors import NonFiniteError, PacketError
 from hpccomm.kernels.rng import hash_index_cpu, stream_key
+from hpccomm.kernels import sparsify as sparse_kernels
 from hpccomm.kernels.sparsify import BLOCK
 
 SIZES = [0, 1, 7, 31, 33, 100, 1000, 4097]
@@ -379,6 +380,41 @@ def test_threshold_alpha_matches_numpy(n):
         tau = sent
     if n:
         np.testing.assert_array_equal(out, ref_threshold(x, tau, math.ceil(0.5 * n)))
+
+
+def ref_sum_squares(x):
+    """``sum(x_i^2)`` in the documented order (:func:`hpccomm.kernels.sparsify.
+    _sum_squares`): per block, lane ``i mod 8`` in sequence, the lanes in
+    order, then the tail; the blocks in order."""
+    total = 0.0
+    for lo in range(0, x.size, BLOCK):
+        b = x[lo:lo + BLOCK].astype(np.float64)
+        full = b.size - b.size % 8
+        s = 0.0
+        for lane in range(8):
+            s += np.cumsum(b[lane:full:8] ** 2)[-1] if full else 0.0
+        for v in b[full:]:
+            s += v * v
+        total += s
+    return total
+
+
+@pytest.mark.parametrize("n", [5, 1003, 3 * BLOCK + 1003])
+def test_threshold_alpha_uses_the_documented_summation_order(n):
+    """The float64 sum of squares bit for bit (plain, and fused: summed
+    block by block while ``v`` is formed) over a few inputs (another order
+    shows in the last bits of some of them), and the ``tau`` it gives."""
+    for seed in range(8):
+        x = data(n, seed) * np.float32(3)
+        ss = ref_sum_squares(x)
+        assert sparse_kernels.sum_squares(x) == ss
+        assert sparse_kernels.compensate(x, None, np.empty(n, np.float32), True) == (0, ss)
+    codec = get_codec("threshold", alpha=1.2)
+    packet = codec.encode(x)
+    sent = packet[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0]
+    assert sent == np.float32(1.2 * math.sqrt(ss / n))
+    fused = codec.encode_with_feedback(x, None, np.empty(n, np.float32), EncodeContext())
+    assert fused.tobytes() == packet.tobytes()
 
 
 def test_threshold_cap_keeps_the_largest():

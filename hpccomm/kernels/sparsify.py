@@ -12,12 +12,15 @@ are never sent, whatever ``t`` is, and NaN never compares true, so it is never
 selected.
 
 Threads: the O(n) passes over the input (:func:`count_abs_ge`,
-:func:`compact_abs_ge`, :func:`sum_squares`) cut ``[0, n)`` into fixed blocks
-of :data:`BLOCK` elements and run blocks in parallel (``prange``); every
-block's result lands in its own slot and slots are combined in block order, so
-the output bits depend on neither the thread count nor the schedule.  The
-per-column kernels of ``adaptive`` run fixed groups of columns in parallel,
-for the same reason.  Everything else is sequential.
+:func:`compact_abs_ge`, :func:`sum_squares`, :func:`compensate`) cut
+``[0, n)`` into fixed blocks of :data:`BLOCK` elements and run blocks in
+parallel (``prange``); every block's result lands in its own slot and slots
+are combined in block order, so the output bits depend on neither the thread
+count nor the schedule.  The per-column kernels of ``adaptive`` run fixed
+groups of columns in parallel, for the same reason.  Everything else is
+sequential.  The work on one block is a function of its own, called from the
+``prange`` loop rather than inlined into it: numba compiles it to tighter
+loops that way (the sum of squares ran at half the speed inlined).
 
 Random numbers: every draw comes from :mod:`hpccomm.kernels.rng`, with the
 counters documented at each kernel.
@@ -28,10 +31,34 @@ import numba
 import numpy as np
 from numba import njit, prange
 
+from .nonfinite import count_nonfinite
 from .rng import hash_index_cpu
 
 #: elements per block of the block-parallel passes (a multiple of 64)
 BLOCK = 1 << 16
+
+
+#: elements per chunk of the mask-driven compactions (one uint64 of flags:
+#: ``mask |= uint64(flag_j) << j`` over a chunk vectorizes, a compare and a
+#: variable shift per lane and an or-reduction)
+CHUNK = 64
+
+_DEBRUIJN = 0x03F79D71B4CB0A89
+#: bit position of a 64-bit word's lowest set bit ``b``, by ``(b * DEBRUIJN) >> 58``
+_DEBRUIJN_POS = np.zeros(64, dtype=np.int64)
+for _bit in range(64):
+    _DEBRUIJN_POS[(((1 << _bit) * _DEBRUIJN) & ((1 << 64) - 1)) >> 58] = _bit
+U64_DEBRUIJN = np.uint64(_DEBRUIJN)
+_U1 = np.uint64(1)
+_U58 = np.uint64(58)
+
+
+@njit(cache=True, inline="always")
+def _lowest_bit(mask):
+    """``(j, rest)``: the position of the lowest set bit of the non-zero
+    uint64 ``mask`` and ``mask`` without it."""
+    low = mask & (~mask + _U1)
+    return _DEBRUIJN_POS[(low * U64_DEBRUIJN) >> _U58], mask ^ low
 
 
 @contextmanager
@@ -81,40 +108,45 @@ def count_abs_ge(x, t):
         return int(count_abs_ge_blocks(x, np.float32(t)).sum())
 
 
-@njit(cache=True, parallel=True)
-def compact_abs_ge(x, t, counts, starts, idx, vals):
-    """Write the candidates of block ``b`` (``counts[b]`` of them, see
-    :func:`count_abs_ge_blocks`) to ``idx[starts[b]:]`` / ``vals[starts[b]:]``
-    in index order; ``starts`` is the exclusive prefix sum of ``counts``.
+@njit(cache=True)
+def _compact_block(xb, t, lo, idx, vals):
+    """The candidates of ``xb`` (global indices from ``lo``) to ``idx`` /
+    ``vals`` from 0 on, in index order.  Chunks of :data:`CHUNK` elements:
+    the candidates' flags form a 64-bit mask (vectorized), whose set bits
+    are visited lowest first -- no branch per element, whatever the
+    density."""
+    body = xb.size - xb.size % CHUNK
+    k = 0
+    for c0 in range(0, body, CHUNK):
+        q = xb[c0:c0 + CHUNK]
+        mask = np.uint64(0)
+        for j in range(CHUNK):
+            v = q[j]
+            mask |= np.uint64((abs(v) >= t) & (v != 0)) << np.uint64(j)
+        while mask:
+            j, mask = _lowest_bit(mask)
+            idx[k] = lo + c0 + j
+            vals[k] = q[j]
+            k += 1
+    for i in range(body, xb.size):
+        v = xb[i]
+        if abs(v) >= t and v != 0:
+            idx[k] = lo + i
+            vals[k] = v
+            k += 1
 
-    Sparse blocks branch per element (the branch is almost never taken);
-    blocks denser than 1/16 write every element to a scratch buffer and
-    advance by the predicate instead, which costs no mispredictions."""
+
+@njit(cache=True, parallel=True)
+def compact_abs_ge(x, t, starts, idx, vals):
+    """Write the candidates of block ``b`` (see :func:`count_abs_ge_blocks`)
+    to ``idx[starts[b]:]`` / ``vals[starts[b]:]`` in index order
+    (:func:`_compact_block`); ``starts`` is the exclusive prefix sum of the
+    counts."""
     n = x.size
     nb = (n + BLOCK - 1) // BLOCK
     for b in prange(nb):
         lo = b * BLOCK
-        xb = x[lo:min(lo + BLOCK, n)]
-        k = starts[b]
-        if counts[b] * 16 > xb.size:
-            rows = np.empty(xb.size + 1, dtype=np.int64)
-            found = np.empty(xb.size + 1, dtype=np.float32)
-            c = 0
-            for i in range(xb.size):
-                v = xb[i]
-                rows[c] = i
-                found[c] = v
-                c += (abs(v) >= t) & (v != 0)
-            for j in range(c):
-                idx[k + j] = lo + rows[j]
-                vals[k + j] = found[j]
-        else:
-            for i in range(xb.size):
-                v = xb[i]
-                if abs(v) >= t and v != 0:
-                    idx[k] = lo + i
-                    vals[k] = v
-                    k += 1
+        _compact_block(x[lo:min(lo + BLOCK, n)], t, lo, idx[starts[b]:], vals[starts[b]:])
 
 
 def select_abs_ge(x, t, index_dtype):
@@ -129,7 +161,7 @@ def select_abs_ge(x, t, index_dtype):
         idx = np.empty(m, dtype=index_dtype)
         vals = np.empty(m, dtype=np.float32)
         if m:
-            compact_abs_ge(x, t, counts, starts, idx, vals)
+            compact_abs_ge(x, t, starts, idx, vals)
     return idx, vals
 
 
@@ -157,26 +189,37 @@ def keep_largest(idx, vals, k):
 LANES = 8
 
 
+@njit(cache=True)
+def _sum_squares_of(xb):
+    """``sum(xb_i^2)`` in float64: element ``i`` goes to accumulator
+    ``acc[i mod LANES]``, the accumulators are added in lane order, then the
+    tail beyond the last whole row of :data:`LANES`.  (Rows of a 2-D view:
+    numba then keeps the lanes in registers; a call, not inlined, for the
+    same reason.)"""
+    full = xb.size - xb.size % LANES
+    rows = xb[:full].reshape(full // LANES, LANES)
+    acc = np.zeros(LANES)
+    for r in range(rows.shape[0]):
+        row = rows[r]
+        for lane in range(LANES):
+            v = np.float64(row[lane])
+            acc[lane] += v * v
+    s = 0.0
+    for lane in range(LANES):
+        s += acc[lane]
+    for i in range(full, xb.size):
+        v = np.float64(xb[i])
+        s += v * v
+    return s
+
+
 @njit(cache=True, parallel=True)
 def _block_sum_squares(x):
     n = x.size
     nb = (n + BLOCK - 1) // BLOCK
     parts = np.zeros(nb, dtype=np.float64)
     for b in prange(nb):
-        xb = x[b * BLOCK:min((b + 1) * BLOCK, n)]
-        acc = np.zeros(LANES, dtype=np.float64)
-        full = xb.size - xb.size % LANES
-        for i in range(0, full, LANES):
-            for lane in range(LANES):
-                v = np.float64(xb[i + lane])
-                acc[lane] += v * v
-        s = 0.0
-        for lane in range(LANES):
-            s += acc[lane]
-        for i in range(full, xb.size):
-            v = np.float64(xb[i])
-            s += v * v
-        parts[b] = s
+        parts[b] = _sum_squares_of(x[b * BLOCK:min((b + 1) * BLOCK, n)])
     return parts
 
 
@@ -193,11 +236,65 @@ def _sum_squares(x):
     element ``i`` goes to accumulator ``i mod LANES``, the accumulators are
     added in lane order, then the tail, then the blocks in order -- the same
     bits for any thread count (and fast: independent accumulators pipeline)."""
-    parts = _block_sum_squares(x)
+    return _sum_parts(_block_sum_squares(x))
+
+
+@njit(cache=True)
+def _sum_parts(parts):
+    """``0.0 + parts[0] + parts[1] + ...`` in order."""
     s = 0.0
     for b in range(parts.size):
         s += parts[b]
     return s
+
+
+# ---------------------------------------------------------------------------
+# Error feedback: v = x + e formed in the new residual
+# ---------------------------------------------------------------------------
+@njit(cache=True)
+def _compensate(xb, eb, has_e, vb):
+    """``vb = xb + eb`` (``xb`` without ``has_e``); whether any ``v`` is
+    non-finite (``v - v`` is NaN exactly for inf and NaN; an or, not a
+    count: a 64-bit counter narrows the vector lanes)."""
+    nonfinite = False
+    if has_e:
+        for i in range(xb.size):
+            v = xb[i] + eb[i]
+            vb[i] = v
+            nonfinite |= (v - v) != 0
+    else:
+        for i in range(xb.size):
+            v = xb[i]
+            vb[i] = v
+            nonfinite |= (v - v) != 0
+    return nonfinite
+
+
+@njit(cache=True, parallel=True)
+def _compensate_blocks(x, e, has_e, squares, v):
+    n = x.size
+    nb = (n + BLOCK - 1) // BLOCK
+    flags = np.zeros(nb, dtype=np.bool_)
+    parts = np.zeros(nb, dtype=np.float64)
+    for b in prange(nb):
+        lo = b * BLOCK
+        hi = min(lo + BLOCK, n)
+        vb = v[lo:hi]
+        flags[b] = _compensate(x[lo:hi], e[lo:hi], has_e, vb)
+        if squares:
+            parts[b] = _sum_squares_of(vb)
+    return flags, parts
+
+
+def compensate(x, e, v, squares):
+    """``v = x + e`` (``v = x`` for ``e=None``), block by block; returns
+    ``(bad, ss)``: the number of non-finite ``v`` and, with ``squares``,
+    ``sum_squares(v)`` -- the same bits, each block's sum taken while the
+    block is in cache (0.0 without ``squares``)."""
+    with threads_for(x.size):
+        flags, parts = _compensate_blocks(x, x if e is None else e, e is not None, squares, v)
+    bad = count_nonfinite(v) if flags.any() else 0
+    return bad, (_sum_parts(parts) if squares else 0.0)
 
 
 def strided_sample_abs(x, s, key, counter):
@@ -256,6 +353,16 @@ def pack_sign_words(idx, vals, words):
 
 
 @njit(cache=True)
+def subtract_sign_quanta(e, idx, vals, tau):
+    """``e[idx[j]] -= (tau if vals[j] > 0 else -tau)``: the new residual at
+    the entries a threshold packet sends (what its words decode to there)."""
+    neg = -tau
+    for j in range(idx.size):
+        i = idx[j]
+        e[i] = e[i] - (tau if vals[j] > 0 else neg)
+
+
+@njit(cache=True)
 def sign_words_valid(words, n):
     """True if the indices ``words >> 1`` are strictly increasing inside ``[0, n)``."""
     prev = -1
@@ -284,14 +391,6 @@ def scatter_sign_words(words, tau, out, add):
 # ---------------------------------------------------------------------------
 # Random-k: Floyd's sampling of k distinct indices out of n
 # ---------------------------------------------------------------------------
-_DEBRUIJN = 0x03F79D71B4CB0A89
-#: bit position of a 64-bit word's lowest set bit ``b``, by ``(b * DEBRUIJN) >> 58``
-_DEBRUIJN_POS = np.zeros(64, dtype=np.int64)
-for _bit in range(64):
-    _DEBRUIJN_POS[(((1 << _bit) * _DEBRUIJN) & ((1 << 64) - 1)) >> 58] = _bit
-U64_DEBRUIJN = np.uint64(_DEBRUIJN)
-
-
 @njit(cache=True)
 def floyd_indices(key, n, out):
     """Fill ``out`` with ``k = out.size`` distinct indices of ``[0, n)``,
