@@ -754,7 +754,10 @@ FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097
          ("topk", {"ratio": 0.01}), ("topk", {"ratio": 0.3, "exact": True}),
          ("dgc", {"ratio": 0.01}),
          ("threshold", {}), ("threshold", {"tau": 0.5}),
-         ("threshold", {"alpha": 0.5, "max_ratio": 0.01})]   # the cap cuts
+         ("threshold", {"alpha": 0.5, "max_ratio": 0.01}),   # the cap cuts
+         ("adaptive", {}), ("adaptive", {"proportion": 4, "col_len": 100}),
+         ("adaptive", {"proportion": 2, "col_len": 37, "excess": 1}),   # sides cut to cap
+         ("adaptive", {"col_len": 1 << 16})]
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
@@ -782,7 +785,8 @@ def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
     assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
-@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc", "threshold"])
+@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc", "threshold",
+                                  "adaptive"])
 def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     x = np.arange(10, dtype=np.float32)
     x[7] = np.inf

@@ -16,7 +16,7 @@ Threads: the O(n) passes over the input (:func:`count_abs_ge`,
 ``[0, n)`` into fixed blocks of :data:`BLOCK` elements and run blocks in
 parallel (``prange``); every block's result lands in its own slot and slots
 are combined in block order, so the output bits depend on neither the thread
-count nor the schedule.  The per-column kernels of ``adaptive`` run fixed
+count nor the schedule.  ``adaptive`` (:func:`adaptive_encode`) runs fixed
 groups of columns in parallel, for the same reason.  Everything else is
 sequential.  The work on one block is a function of its own, called from the
 ``prange`` loop rather than inlined into it: numba compiles it to tighter
@@ -572,67 +572,151 @@ def _trim_side(col, tau, cap, sign):
     return t, q, total
 
 
-@njit(cache=True, parallel=True)
-def _adaptive_plan(x, H, pi, samples, excess, key, offset):
-    """Per column of ``H`` rows (the last one ragged): the cuts of both signs,
-    the entry count and the two reconstruction means.
+@njit(cache=True)
+def _column_thresholds(col, start, pi, samples, key, base, drawn, pos, neg):
+    """``(tau_pos, tau_neg)`` of one column whose first element is element
+    ``start`` of the vector (:func:`_sample_thresholds`).
 
     Sampling: a column of ``h > samples`` rows draws ``samples`` rows with
     replacement, draw ``j`` taking row ``floor(z h / 2**64)`` with
-    ``z = hash_index(key, offset + start + j)`` (``start`` = the column's first
-    element, so the counter is the global index of one of the column's own
-    elements and columns never share counters); shorter columns use all
-    their rows (exact selection).
+    ``z = hash_index(key, offset + start + j)`` (``base = offset``; the
+    counter is the global index of one of the column's own elements, so
+    columns never share counters); shorter columns use all their rows (exact
+    selection).  ``drawn``: ``samples`` scratch; ``pos`` / ``neg``: one
+    more."""
+    h = col.size
+    if h <= samples:
+        return _sample_thresholds(col, pi, pos, neg)
+    for j in range(samples):
+        z = hash_index_cpu(key, base + np.uint64(start + j))
+        drawn[j] = col[_scaled_index(z, h)]
+    return _sample_thresholds(drawn, pi, pos, neg)
 
-    A side's cut ``(t, q)`` keeps the values ``v > t`` plus the first ``q``
-    rows with ``v == t`` (``v = x`` for the positive side, ``-x`` for the
-    negative one).  Returns ``(t_pos, q_pos, t_neg, q_neg, counts, mu_pos,
-    mu_neg)``.  Columns go in fixed groups of about :data:`BLOCK` elements
-    (one scratch allocation per group), groups in parallel."""
+
+@njit(cache=True)
+def _select_column(col, tp, tn, words, k):
+    """The words ``(row << 1) | s`` of every row of ``col`` with
+    ``v >= tp`` (``s = 1``) or ``v <= -tn`` (``s = 0``), rows ascending,
+    from ``words[k]`` on -- those past the end of ``words`` all go to its
+    last slot (more than fit only when a side is cut to its cap, and then
+    the column is written again).  Returns ``(cp, cn, sp, sn)``: the count
+    and the float64 row-order sum of each side.
+
+    Chunks of :data:`CHUNK` rows through a 64-bit mask (see
+    :func:`_compact_block`); the sums add ``0.0`` for the other side, which
+    changes nothing (``tp, tn > 0``, so a sum is never ``-0.0``)."""
+    neg_bar = -tn
+    lim = words.size - 1
+    cp = 0
+    cn = 0
+    sp = 0.0
+    sn = 0.0
+    body = col.size - col.size % CHUNK
+    for c0 in range(0, body + CHUNK, CHUNK):
+        q = col[c0:min(c0 + CHUNK, col.size)]
+        mask = np.uint64(0)
+        if q.size == CHUNK:             # a literal trip count: the loop vectorizes
+            for j in range(CHUNK):
+                v = q[j]
+                mask |= np.uint64((v >= tp) | (v <= neg_bar)) << np.uint64(j)
+        else:                           # the tail: a partial chunk
+            for j in range(q.size):
+                v = q[j]
+                mask |= np.uint64((v >= tp) | (v <= neg_bar)) << np.uint64(j)
+        while mask:
+            j, mask = _lowest_bit(mask)
+            v = q[j]
+            p = np.int64(v >= tp)
+            words[min(k, lim)] = ((c0 + j) << 1) | p
+            k += 1
+            cp += p
+            cn += 1 - p
+            w = np.float64(v)
+            sp += w if p else 0.0
+            sn += 0.0 if p else w
+    return cp, cn, sp, sn
+
+
+@njit(cache=True)
+def _write_column(col, tp, qp, tn, qn, words, k):
+    """Words of the rows with ``v > tp`` or among the first ``qp`` with
+    ``v == tp`` (``s = 1``), and likewise ``v < -tn`` / the first ``qn``
+    with ``v == -tn`` (``s = 0``), rows ascending, from ``words[k]`` on."""
+    neg_bar = -tn
+    seen_p = 0
+    seen_n = 0
+    for i in range(col.size):
+        v = col[i]
+        if v >= tp:
+            if v > tp or seen_p < qp:
+                seen_p += v == tp
+                words[k] = np.uint32((i << 1) | 1)
+                k += 1
+        elif v <= neg_bar:
+            if v < neg_bar or seen_n < qn:
+                seen_n += v == neg_bar
+                words[k] = np.uint32(i << 1)
+                k += 1
+
+
+@njit(cache=True)
+def _subtract_means(col, words, mp, mn):
+    """``col[row] -= 0 + mu`` at the rows of ``words``: the residual where
+    the column's packet decodes to ``mu_pos`` / ``mu_neg`` (added to zero,
+    as the decoder does)."""
+    dp = np.float32(0.0) + mp
+    dn = np.float32(0.0) + mn
+    for j in range(words.size):
+        w = words[j]
+        r = w >> 1
+        col[r] = col[r] - (dp if w & 1 else dn)
+
+
+@njit(cache=True)
+def _any_nonfinite(v):
+    nonfinite = False
+    for i in range(v.size):
+        nonfinite |= (v[i] - v[i]) != 0
+    return nonfinite
+
+
+@njit(cache=True)
+def _count_nonfinite(v):
+    bad = 0
+    for i in range(v.size):
+        bad += (v[i] - v[i]) != 0
+    return bad
+
+
+@njit(cache=True)
+def _adaptive_group(x, e, has_e, feedback, H, c_lo, c_hi, pi, samples, excess, key, base,
+                    e_out, counts, mu_pos, mu_neg, words):
+    """Columns ``c_lo .. c_hi - 1`` (see :func:`adaptive_encode`), their
+    words from ``words[0]`` on; returns ``(words written, non-finite v)``."""
     n = x.size
-    W = (n + H - 1) // H
-    t_pos = np.empty(W, dtype=np.float32)
-    t_neg = np.empty(W, dtype=np.float32)
-    q_pos = np.empty(W, dtype=np.int64)
-    q_neg = np.empty(W, dtype=np.int64)
-    counts = np.empty(W, dtype=np.int64)
-    mu_pos = np.zeros(W, dtype=np.float32)
-    mu_neg = np.zeros(W, dtype=np.float32)
-    base = np.uint64(offset)
+    drawn = np.empty(min(samples, H), dtype=np.float32)
+    pos = np.empty(min(samples, H) + 1, dtype=np.float32)
+    neg = np.empty(min(samples, H) + 1, dtype=np.float32)
     one = np.float32(1.0)
-    group = max(1, BLOCK // H)
-    for g in prange((W + group - 1) // group):
-        drawn = np.empty(min(samples, H), dtype=np.float32)
-        pos = np.empty(min(samples, H) + 1, dtype=np.float32)
-        neg = np.empty(min(samples, H) + 1, dtype=np.float32)
-        for c in range(g * group, min((g + 1) * group, W)):
-            lo = c * H
-            col = x[lo:min(lo + H, n)]
-            h = col.size
-            if h > samples:
-                for j in range(samples):
-                    z = hash_index_cpu(key, base + np.uint64(lo + j))
-                    drawn[j] = col[_scaled_index(z, h)]
-                sample = drawn
-            else:
-                sample = col
-            tp, tn = _sample_thresholds(sample, pi, pos, neg)
-            # one pass: the selections {x >= tp} and {x <= -tn}
-            neg_bar = -tn
-            cp = 0
-            cn = 0
-            sp = 0.0
-            sn = 0.0
-            for i in range(h):
-                v = col[i]
-                if v >= tp:
-                    cp += 1
-                    sp += np.float64(v)
-                elif v <= neg_bar:
-                    cn += 1
-                    sn += np.float64(v)
-            cap = adaptive_cap(h, pi, excess)
-            qp = cp  # keep every v >= tp: all ties included
+    bad = 0
+    k = 0
+    for c in range(c_lo, c_hi):
+        lo = c * H
+        hi = min(lo + H, n)
+        h = hi - lo
+        if feedback:
+            col = e_out[lo:hi]
+            nonfinite = _compensate(x[lo:hi], e[lo:hi], has_e, col)
+        else:                         # the scan also brings the column into cache
+            col = x[lo:hi]
+            nonfinite = _any_nonfinite(col)
+        if nonfinite:
+            bad += _count_nonfinite(col)
+        tp, tn = _column_thresholds(col, lo, pi, samples, key, base, drawn, pos, neg)
+        cp, cn, sp, sn = _select_column(col, tp, tn, words, k)
+        cap = adaptive_cap(h, pi, excess)
+        if cp > cap or cn > cap:      # cut a side to its cap, ties to lower rows
+            qp = cp
             qn = cn
             if cp > cap:
                 tp, qp, sp = _trim_side(col, tp, cap, one)
@@ -640,55 +724,87 @@ def _adaptive_plan(x, H, pi, samples, excess, key, offset):
             if cn > cap:
                 tn, qn, sn = _trim_side(col, tn, cap, -one)
                 cn = cap
-            t_pos[c] = tp
-            q_pos[c] = qp
-            t_neg[c] = tn
-            q_neg[c] = qn
-            counts[c] = cp + cn
-            if cp:
-                mu_pos[c] = np.float32(sp / cp)
-            if cn:
-                mu_neg[c] = np.float32(sn / cn)
-    return t_pos, q_pos, t_neg, q_neg, counts, mu_pos, mu_neg
+            _write_column(col, tp, qp, tn, qn, words, k)
+        mp = np.float32(sp / cp) if cp else np.float32(0.0)
+        mn = np.float32(sn / cn) if cn else np.float32(0.0)
+        counts[c] = cp + cn
+        mu_pos[c] = mp
+        mu_neg[c] = mn
+        if feedback:
+            _subtract_means(col, words[k:k + cp + cn], mp, mn)
+        k += cp + cn
+    return k, bad
+
+
+def column_max(h, pi, excess):
+    """The most entries a column of ``h`` rows sends: ``min(h, 2 cap(h))``."""
+    return min(h, 2 * int(adaptive_cap(h, pi, excess)))
 
 
 @njit(cache=True, parallel=True)
-def _adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
-    """Column ``c``'s words ``(row << 1) | s`` (``s`` = 1 positive) at
-    ``words[starts[c]:]``, rows ascending, following the cuts of
-    :func:`adaptive_plan`."""
+def _adaptive_encode(x, e, has_e, feedback, H, pi, samples, excess, key, offset, e_out,
+                     counts, mu_pos, mu_neg, words, stride, used, bad):
+    W = counts.size
+    group = max(1, BLOCK // H)
+    base = np.uint64(offset)
+    for g in prange((W + group - 1) // group):
+        used[g], bad[g] = _adaptive_group(
+            x, e, has_e, feedback, H, g * group, min((g + 1) * group, W), pi, samples, excess,
+            key, base, e_out, counts, mu_pos, mu_neg, words[g * stride:(g + 1) * stride])
+
+
+@njit(cache=True)
+def _gather_groups(words, stride, used, out):
+    """Concatenate ``words[g * stride:][:used[g]]`` over the groups."""
+    k = 0
+    for g in range(used.size):
+        src = words[g * stride:g * stride + used[g]]
+        for j in range(src.size):
+            out[k + j] = src[j]
+        k += src.size
+
+
+def adaptive_encode(x, e, e_out, H, pi, samples, excess, key, offset):
+    """Adaptive quantization of ``v`` in columns of ``H`` rows (the last one
+    ragged), one column at a time while it is in cache: ``v = x`` (``e_out
+    = None``), or with error feedback ``v = x + e`` (``v = x`` for ``e =
+    None``) formed in ``e_out``, which becomes ``v - decode(packet)``.
+
+    Per column: thresholds from the sample (:func:`_column_thresholds`),
+    then one pass selecting ``{v >= tau_pos}`` and ``{v <= -tau_neg}`` with
+    their counts and row-order float64 sums (:func:`_select_column`); a side
+    with more than ``cap(h)`` entries keeps the ``cap`` largest, ties to
+    lower rows (:func:`_trim_side`, every ``v > t`` plus the first ``q``
+    rows with ``v == t``; the column's words are then written again).  The
+    means are the sums over the counts rounded once to float32 (0 for an
+    empty side); with feedback, ``e_out`` drops ``0 + mu`` at the sent rows
+    only.  Columns go in fixed groups of about :data:`BLOCK` elements, groups
+    in parallel; each group's words go to its own region of a scratch and
+    are concatenated in order, so nothing depends on the threads.
+
+    Returns ``(counts, mu_pos, mu_neg, words, bad)``: per column the entry
+    count and the means, the words ``(row << 1) | s`` (``s = 1`` positive)
+    column after column, and the number of non-finite ``v`` (a scan of each
+    column before its draws, which then hit cache)."""
     n = x.size
-    for c in prange(t_pos.size):
-        col = x[c * H:min((c + 1) * H, n)]
-        tp, qp, tn, qn = t_pos[c], q_pos[c], t_neg[c], q_neg[c]
-        neg_bar = -tn
-        k = starts[c]
-        seen_p = 0
-        seen_n = 0
-        for i in range(col.size):
-            v = col[i]
-            if v >= tp:
-                if v > tp or seen_p < qp:
-                    seen_p += v == tp
-                    words[k] = np.uint32((i << 1) | 1)
-                    k += 1
-            elif v <= neg_bar:
-                if v < neg_bar or seen_n < qn:
-                    seen_n += v == neg_bar
-                    words[k] = np.uint32(i << 1)
-                    k += 1
-
-
-def adaptive_plan(x, H, pi, samples, excess, key, offset):
-    """:func:`_adaptive_plan`, on one thread for inputs of one block."""
-    with threads_for(x.size):
-        return _adaptive_plan(x, H, pi, samples, excess, key, offset)
-
-
-def adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
-    """:func:`_adaptive_write`, on one thread for inputs of one block."""
-    with threads_for(x.size):
-        _adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words)
+    W = (n + H - 1) // H
+    feedback = e_out is not None
+    group = max(1, BLOCK // H)
+    ngroups = (W + group - 1) // group
+    stride = group * column_max(H, pi, excess) + 1
+    counts = np.empty(W, dtype=np.int64)
+    mu_pos = np.empty(W, dtype=np.float32)
+    mu_neg = np.empty(W, dtype=np.float32)
+    scratch = np.empty(ngroups * stride, dtype=np.uint32)
+    used = np.empty(ngroups, dtype=np.int64)
+    bad = np.empty(ngroups, dtype=np.int64)
+    with threads_for(n):
+        _adaptive_encode(x, x if e is None else e, e is not None, feedback, H, pi, samples,
+                         excess, key, offset, x if e_out is None else e_out, counts, mu_pos,
+                         mu_neg, scratch, stride, used, bad)
+    words = np.empty(int(used.sum()), dtype=np.uint32)
+    _gather_groups(scratch, stride, used, words)
+    return counts, mu_pos, mu_neg, words, int(bad.sum())
 
 
 @njit(cache=True)
