@@ -370,6 +370,71 @@ def test_bf16_exact_on_representable_values_and_saturates():
     assert y[0] == -y[1] == np.float32(3.3895314e38) and y[2] == 1.0  # tie to even
 
 
+#: low 16 bits combined with every pattern of the top 16: zero, ones, the
+#: halfway points of fp16 normals (bit 12, with the kept low bit 13 clear and
+#: set) and of bf16 (bit 15), their neighbours (ties of fp16 subnormals lie
+#: at bits 13..23, so zero low bits with the top patterns cover them)
+LOW_PATTERNS = [0x0000, 0x0001, 0x0FFF, 0x1000, 0x1001, 0x2FFF, 0x3000, 0x3001, 0x7FFF,
+                0x8000, 0x8001, 0xFFFF]
+
+
+def every_top_half():
+    top = np.arange(1 << 16, dtype=np.uint32) << np.uint32(16)
+    low = np.array(LOW_PATTERNS, dtype=np.uint32)
+    return (top[:, None] | low[None, :]).reshape(-1)
+
+
+def ref_nonfinite_half(u, bf16):
+    """Codec bits for inf / NaN patterns ``u``: infinity kept, NaN made quiet
+    with the top payload bits kept, the sign kept."""
+    a = u & 0x7FFFFFFF
+    sign = (u >> 16) & 0x8000
+    if bf16:
+        return ((u >> 16) | np.where(a > 0x7F800000, 0x40, 0)).astype(np.uint16)
+    return (sign | 0x7C00 | ((a >> 13) & 0x3FF) | np.where(a > 0x7F800000, 0x200, 0)).astype(
+        np.uint16)
+
+
+@pytest.mark.parametrize("name", ["fp16", "bf16"])
+@pytest.mark.parametrize("fused", [False, True])
+def test_half_rounding_of_every_top_half_pattern(name, fused):
+    """Every float32 whose top 16 bits take all 65536 values, each with a few
+    low-bit patterns (ties, their neighbours): the packet equals numpy's
+    rounding (fp16: ``astype(float16)``) with saturation for finite values
+    and the documented inf / NaN bits; the fused encoder agrees."""
+    u = every_top_half()
+    x = u.view(np.float32)
+    codec = hpccomm.get_codec(name, nonfinite="propagate")
+    if fused:
+        e_out = np.empty_like(x)
+        packet = codec.encode_with_feedback(x, None, e_out, EncodeContext())
+    else:
+        packet = codec.encode(x)
+    got = packet[HEADER_SIZE:].view(np.uint16)
+    finite = np.isfinite(x)
+    want = (ref_fp16 if name == "fp16" else ref_bf16)(x[finite])[HEADER_SIZE:].view(np.uint16)
+    np.testing.assert_array_equal(got[finite], want)
+    np.testing.assert_array_equal(got[~finite], ref_nonfinite_half(u[~finite], name == "bf16"))
+
+
+@pytest.mark.parametrize("add", [False, True])
+def test_fp16_decodes_every_pattern(add):
+    """All 65536 half patterns decode exactly (numpy's widening); NaN to the
+    canonical quiet NaN of its sign."""
+    h = np.arange(1 << 16, dtype=np.uint16)
+    want = h.view(np.float16).astype(np.float32)
+    nan = np.isnan(want)
+    want.view(np.uint32)[nan] = np.where(h[nan] & 0x8000, 0xFFC00000, 0x7FC00000)
+    base = np.random.default_rng(2).standard_normal(h.size).astype(np.float32)
+    if add:
+        want = base + want
+    packet = np.concatenate([ref_header(1, h.size), h.view(np.uint8)])
+    out = base.copy()
+    (hpccomm.get_codec("fp16").decode_add if add else hpccomm.get_codec("fp16").decode)(packet,
+                                                                                        out)
+    assert out.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+
+
 @pytest.mark.parametrize("name,rel", [("fp16", 2.0**-11), ("bf16", 2.0**-8)])
 def test_half_width_error_bound(name, rel):
     x = data(4097, seed=7)
@@ -687,7 +752,12 @@ def test_unaligned_packets_decode_alike(name, params):
 FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097}),
          ("onebit", {"col_len": 1 << 16}), ("fp16", {}), ("bf16", {}),
          ("topk", {"ratio": 0.01}), ("topk", {"ratio": 0.3, "exact": True}),
-         ("dgc", {"ratio": 0.01})]
+         ("dgc", {"ratio": 0.01}),
+         ("threshold", {}), ("threshold", {"tau": 0.5}),
+         ("threshold", {"alpha": 0.5, "max_ratio": 0.01}),   # the cap cuts
+         ("adaptive", {}), ("adaptive", {"proportion": 4, "col_len": 100}),
+         ("adaptive", {"proportion": 2, "col_len": 37, "excess": 1}),   # sides cut to cap
+         ("adaptive", {"col_len": 1 << 16})]
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
@@ -715,7 +785,8 @@ def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
     assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
-@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc"])
+@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc", "threshold",
+                                  "adaptive"])
 def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     x = np.arange(10, dtype=np.float32)
     x[7] = np.inf
@@ -727,6 +798,29 @@ def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     out = np.empty(10, np.float32)
     hpccomm.get_codec(name, nonfinite="propagate").encode_with_feedback(x, e, out,
                                                                         EncodeContext())
+
+
+@pytest.mark.parametrize("name,params", FUSED)
+def test_encode_with_feedback_propagates_like_the_three_steps(name, params):
+    """``nonfinite="propagate"``: infinities and NaN in ``v`` give the packet
+    and residual bits of encode, decode and subtract too."""
+    codec = hpccomm.get_codec(name, nonfinite="propagate", **params)
+    rng = np.random.default_rng(3)
+    n = 300
+    x = rng.standard_normal(n).astype(np.float32)
+    x[[5, 50, 250]] = np.inf
+    x[[7, 120]] = -np.inf
+    x[[9, 200]] = np.nan
+    e = rng.standard_normal(n).astype(np.float32)
+    ctx = EncodeContext(shape=(n,))
+    e_out = np.empty(n, np.float32)
+    packet = codec.encode_with_feedback(x, e, e_out, ctx)
+    v = x + e
+    want = codec.encode(v, ctx)
+    with np.errstate(invalid="ignore"):
+        want_e = v - codec.decode(want, np.empty(n, np.float32))
+    assert packet.tobytes() == want.tobytes()
+    assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
 def test_codecs_skip_their_scan_only_when_the_caller_checked_the_input():

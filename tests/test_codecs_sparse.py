@@ -20,6 +20,8 @@ from hpccomm.codecs import topk as topk_mod
 from hpccomm.dgc_optimizer import DGCMomentum, warmup_density
 from hpccomm.errors import NonFiniteError, PacketError
 from hpccomm.kernels.rng import hash_index_cpu, stream_key
+from hpccomm.kernels import sparsify as sparse_kernels
+from hpccomm.kernels.sparsify import BLOCK
 
 SIZES = [0, 1, 7, 31, 33, 100, 1000, 4097]
 CTX = EncodeContext(seed=5, rank=1, step=3)
@@ -108,21 +110,36 @@ def ref_dgc(x, ratio, sample_ratio, max_iters, ctx):
     return dense(n, idx, x[idx])
 
 
-def ref_adaptive_exact(x, H, pi, excess):
-    """Adaptive quantization with every column short enough for exact selection."""
+def ref_adaptive(x, H, pi, excess, samples=None, ctx=CTX):
+    """Adaptive quantization as documented in the codec: columns of more than
+    ``samples`` rows take their thresholds from ``samples`` rows drawn with
+    the counter RNG, shorter ones from all their rows; means are row-order
+    float64 sums (``cumsum``) over the counts."""
+    from hpccomm.codecs.adaptive import SALT
+    from hpccomm.kernels.rng import hash_index
+    key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
     out = np.zeros(x.size, dtype=np.float32)
     for lo in range(0, x.size, max(1, H)):
         col = x[lo:lo + H]
         h = col.size
+        sample = col
+        if samples is not None and h > samples:
+            z = hash_index(key, np.arange(samples, dtype=np.uint64) + np.uint64(ctx.offset + lo))
+            m32, s32, hh = np.uint64(0xFFFFFFFF), np.uint64(32), np.uint64(h)
+            rows = ((z >> s32) * hh + (((z & m32) * hh) >> s32)) >> s32
+            sample = col[rows.astype(np.int64)]
         cap = min(h, excess * max(1, -(-h // pi)))
         for sign in (1, -1):
             v = (col * np.float32(sign)).astype(np.float32)
-            pos = np.sort(v[v > 0])[::-1]
-            if pos.size == 0:
+            drawn = (sample * np.float32(sign)).astype(np.float32)
+            top = np.sort(drawn[drawn > 0])[::-1]
+            if top.size == 0:
                 continue
-            tau = pos[max(1, pos.size // pi) - 1]
+            tau = top[max(1, top.size // pi) - 1]
             rows = ref_largest(v, np.flatnonzero(v >= tau), cap)
-            out[lo + rows] = np.float32(col[rows].astype(np.float64).mean())
+            if rows.size:
+                total = np.cumsum(col[rows].astype(np.float64))[-1]
+                out[lo + rows] = np.float32(total / rows.size)
     return out
 
 
@@ -364,6 +381,41 @@ def test_threshold_alpha_matches_numpy(n):
         np.testing.assert_array_equal(out, ref_threshold(x, tau, math.ceil(0.5 * n)))
 
 
+def ref_sum_squares(x):
+    """``sum(x_i^2)`` in the documented order (:func:`hpccomm.kernels.sparsify.
+    _sum_squares`): per block, lane ``i mod 8`` in sequence, the lanes in
+    order, then the tail; the blocks in order."""
+    total = 0.0
+    for lo in range(0, x.size, BLOCK):
+        b = x[lo:lo + BLOCK].astype(np.float64)
+        full = b.size - b.size % 8
+        s = 0.0
+        for lane in range(8):
+            s += np.cumsum(b[lane:full:8] ** 2)[-1] if full else 0.0
+        for v in b[full:]:
+            s += v * v
+        total += s
+    return total
+
+
+@pytest.mark.parametrize("n", [5, 1003, 3 * BLOCK + 1003])
+def test_threshold_alpha_uses_the_documented_summation_order(n):
+    """The float64 sum of squares bit for bit (plain, and fused: summed
+    block by block while ``v`` is formed) over a few inputs (another order
+    shows in the last bits of some of them), and the ``tau`` it gives."""
+    for seed in range(8):
+        x = data(n, seed) * np.float32(3)
+        ss = ref_sum_squares(x)
+        assert sparse_kernels.sum_squares(x) == ss
+        assert sparse_kernels.compensate(x, None, np.empty(n, np.float32), True) == (0, ss)
+    codec = get_codec("threshold", alpha=1.2)
+    packet = codec.encode(x)
+    sent = packet[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0]
+    assert sent == np.float32(1.2 * math.sqrt(ss / n))
+    fused = codec.encode_with_feedback(x, None, np.empty(n, np.float32), EncodeContext())
+    assert fused.tobytes() == packet.tobytes()
+
+
 def test_threshold_cap_keeps_the_largest():
     x = np.array([0.6, -2.0, 0.7, 3.0, -0.6, 0.0, 1.0, -1.0], dtype=np.float32)
     out = get_codec("threshold", tau=0.5, max_ratio=0.375).roundtrip(x)  # cap 3
@@ -467,7 +519,28 @@ def test_adaptive_exact_columns_match_numpy(n, pi, H):
     x = data(n, 16)
     codec = get_codec("adaptive", proportion=pi, col_len=H)
     assert H <= codec.samples
-    np.testing.assert_array_equal(roundtrip(codec, x)[1], ref_adaptive_exact(x, min(H, n), pi, 4))
+    np.testing.assert_array_equal(roundtrip(codec, x)[1], ref_adaptive(x, min(H, n), pi, 4))
+
+
+@pytest.mark.parametrize("n", [1000, 4097, 20_000])
+@pytest.mark.parametrize("pi,H,excess", [(4, 100, 4), (2, 300, 1), (16, 4096, 4), (8, 999, 2)])
+@pytest.mark.parametrize("kind", ["normal", "ties", "plateau"])
+def test_adaptive_sampled_columns_match_numpy(n, pi, H, excess, kind):
+    """Columns longer than the sample (``8 pi``) against the reference with
+    the documented draws, bit for bit.  Rounded data puts ties at the
+    thresholds; a plateau (most magnitudes exactly 1, a few larger ones
+    scattered) makes the sampled threshold 1, so a side overflows its cap and
+    is cut to the largest entries plus the first ties."""
+    x = data(n, 19)
+    if kind == "ties":
+        x = np.round(x * 2).astype(np.float32)
+    elif kind == "plateau":
+        x = np.where(np.abs(x) < 1.6, np.sign(x), x).astype(np.float32)
+    codec = get_codec("adaptive", proportion=pi, col_len=H, excess=excess)
+    ctx = EncodeContext(seed=3, rank=2, step=5, offset=77)
+    assert min(H, n) > codec.samples
+    np.testing.assert_array_equal(roundtrip(codec, x, ctx)[1],
+                                  ref_adaptive(x, min(H, n), pi, excess, codec.samples, ctx))
 
 
 @pytest.mark.parametrize("shape", [(4, 2500), (2, 5000), (10_000,), ()])

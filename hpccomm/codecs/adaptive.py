@@ -68,7 +68,7 @@ from ..errors import PacketError
 from ..kernels import sparsify as K
 from ..kernels.rng import stream_key
 from .sparsifier import COUNT_MAX, WIDE_N, SparseCodec, check_count, index_dtype, payload_view
-from .base import HEADER_SIZE, VECTOR_COLUMN, register_codec
+from .base import HEADER_SIZE, VECTOR_COLUMN, EncodeContext, register_codec
 
 SALT = 0x61646170  # "adap"
 PREFIX = HEADER_SIZE + 4
@@ -155,8 +155,7 @@ class Adaptive(SparseCodec):
         return self._size(n, H, m)
 
     # -- encode ------------------------------------------------------------------
-    def _plan(self, x, ctx):
-        n = x.size
+    def _columns(self, n, ctx):
         H = self.column_length(n, ctx.shape)
         if H >= WIDE_N:
             raise ValueError(f"adaptive: a column of {H} elements is too long (< 2**31); "
@@ -164,30 +163,25 @@ class Adaptive(SparseCodec):
         if self.max_count(n, H) > COUNT_MAX:
             raise ValueError(f"adaptive: {n} elements could need more than 2**32 - 1 entries; "
                              "reduce the tensor in smaller pieces")
-        if n == 0:
-            return H, None
-        key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
-        plan = K.adaptive_plan(x, H, self.proportion, self.samples, self.excess, key,
-                               ctx.offset)
-        return H, plan
+        return H
 
-    def _write(self, x, H, plan):
-        t_pos, q_pos, t_neg, q_neg, counts, mu_pos, mu_neg = plan
-        starts = np.zeros(counts.size, dtype=np.int64)
-        np.cumsum(counts[:-1], out=starts[1:])
-        words = np.empty(int(counts.sum()), dtype=np.uint32)
-        K.adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words)
-        return words
-
-    def _encode(self, x, ctx):
+    def _run(self, x, e, e_out, ctx):
+        """``(H, counts, mu_pos, mu_neg, words, bad)`` of
+        :func:`~hpccomm.kernels.sparsify.adaptive_encode` (``None`` for the
+        arrays when ``n = 0``)."""
         n = x.size
-        H, plan = self._plan(x, ctx)
-        if plan is None:
+        H = self._columns(n, ctx)
+        if n == 0:
+            return H, None, None, None, None, 0
+        key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
+        return (H, *K.adaptive_encode(x, e, e_out, H, self.proportion, self.samples,
+                                      self.excess, key, ctx.offset))
+
+    def _packet(self, n, H, counts, mu_pos, mu_neg, words):
+        if counts is None:
             return self.new_packet(PREFIX, 0)
-        words = self._write(x, H, plan)
-        counts, mu_pos, mu_neg = plan[4], plan[5], plan[6]
         m, W = words.size, counts.size
-        packet = self.new_packet(self._size(n, H, m), n, extra=m)
+        packet = self.new_packet(self._size(n, H, m), n, extra=m, zeroed=False)
         packet[HEADER_SIZE:PREFIX].view(np.uint32)[0] = H
         cols = packet[PREFIX:PREFIX + COLUMN_BYTES * W].view(COLUMN)
         cols["count"] = counts
@@ -195,6 +189,30 @@ class Adaptive(SparseCodec):
         cols["mu_neg"] = mu_neg
         packet[PREFIX + COLUMN_BYTES * W:].view(np.uint32)[:] = words
         return packet
+
+    def encode(self, x, ctx=EncodeContext()):
+        """:meth:`Codec.encode`, the non-finite scan done by the encoder
+        column by column (it reads each column before drawing from it
+        anyway), not as a pass of its own."""
+        x = self._check_input(x, scan=False)
+        *parts, bad = self._run(x, None, None, ctx)
+        self._raise_nonfinite(bad)
+        return self._packet(x.size, *parts)
+
+    def _encode(self, x, ctx):
+        return self._packet(x.size, *self._run(x, None, None, ctx)[:5])
+
+    def encode_with_feedback(self, x, e, e_out, ctx):
+        """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out
+        = v - decode(packet)`` in one pass over the columns
+        (:func:`~hpccomm.kernels.sparsify.adaptive_encode`): each column's
+        ``v`` is formed in ``e_out``, encoded while in cache, and corrected
+        at its sent rows only (``v - 0.0 == v`` elsewhere) -- the bits of
+        encode, decode and subtract."""
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
+        *parts, bad = self._run(x, e, e_out, ctx)
+        self._raise_nonfinite(bad)
+        return self._packet(x.size, *parts)
 
     # -- decode ------------------------------------------------------------------
     def _decode_into(self, packet, header, out, add):
@@ -216,11 +234,9 @@ class Adaptive(SparseCodec):
 
     def _pairs(self, x, ctx):
         n = x.size
-        H, plan = self._plan(x, ctx)
-        if plan is None:
+        H, counts, mu_pos, mu_neg, words, _ = self._run(x, None, None, ctx)
+        if counts is None:
             return np.empty(0, index_dtype(n)), np.empty(0, np.float32)
-        words = self._write(x, H, plan)
-        counts, mu_pos, mu_neg = plan[4], plan[5], plan[6]
         column = np.repeat(np.arange(counts.size, dtype=np.int64), counts)
         idx = (column * H + (words >> 1)).astype(index_dtype(n))
         vals = np.where(words & 1, mu_pos[column], mu_neg[column]).astype(np.float32)

@@ -108,17 +108,21 @@ class Threshold(SparseCodec):
         return PREFIX + word_dtype(n).itemsize * m
 
     # -- encode ----------------------------------------------------------------
-    def _threshold(self, x) -> np.float32:
+    def _threshold(self, x, ss=None) -> np.float32:
+        """``tau``: the fixed one, or ``alpha * RMS(x)`` (``ss``: ``x``'s
+        sum of squares when the caller has it)."""
         if self.tau is not None:
             return np.float32(self.tau)
         if x.size == 0:
             return np.float32(0)
-        tau = self.alpha * math.sqrt(K.sum_squares(x) / x.size)
+        if ss is None:
+            ss = K.sum_squares(x)
+        tau = self.alpha * math.sqrt(ss / x.size)
         return np.float32(tau) if tau <= F32_MAX else np.float32(np.inf)
 
-    def _select(self, x):
+    def _select(self, x, ss=None):
         """``(tau, idx, vals)``: the elements that send a quantum, capped."""
-        tau = self._threshold(x)
+        tau = self._threshold(x, ss)
         idt = index_dtype(x.size)
         if not (0 < tau < np.inf):  # alpha: all zeros, or beyond float32
             return tau, np.empty(0, idt), np.empty(0, np.float32)
@@ -130,13 +134,29 @@ class Threshold(SparseCodec):
         tau, idx, vals = self._select(x)
         return idx, np.where(vals > 0, tau, -tau).astype(np.float32)
 
-    def _encode(self, x, ctx):
-        n = x.size
-        tau, idx, vals = self._select(x)
+    def _packet(self, n, tau, idx, vals):
         m = idx.size
         packet = self.new_packet(PREFIX + word_dtype(n).itemsize * m, n, extra=m)
         packet[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0] = tau if m else 0
         K.pack_sign_words(idx, vals, packet[PREFIX:].view(word_dtype(n)))
+        return packet
+
+    def _encode(self, x, ctx):
+        return self._packet(x.size, *self._select(x))
+
+    def encode_with_feedback(self, x, e, e_out, ctx):
+        """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out
+        = v - decode(packet)`` without a dense decode: ``v`` is formed in
+        ``e_out`` (with its sum of squares, block by block, for ``alpha``:
+        :func:`~hpccomm.kernels.sparsify.compensate`), selected from there,
+        and corrected at the sent entries only (``-+ tau``; ``v - 0.0 == v``
+        elsewhere) -- the bits of encode, decode and subtract."""
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
+        bad, ss = K.compensate(x, e, e_out, squares=self.tau is None)
+        self._raise_nonfinite(bad)
+        tau, idx, vals = self._select(e_out, ss if self.tau is None else None)
+        packet = self._packet(e_out.size, tau, idx, vals)
+        K.subtract_sign_quanta(e_out, idx, vals, tau)
         return packet
 
     # -- decode ----------------------------------------------------------------

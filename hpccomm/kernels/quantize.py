@@ -34,13 +34,17 @@ two passes), working block by block through small L1-resident scratch
 arrays.  Hot loops index slices with ``range`` variables, or with uint64, so
 that numba emits no negative-index wraparound (which defeats vectorization).
 Packing through uint16 / uint32 views of the scratch assumes a little-endian
-host.
+host.  The fp16 / bf16 conversions are branch-free selects on uint32 bit
+patterns (floats reinterpreted with :mod:`hpccomm.kernels.bitcast`), every
+intermediate cast back to uint32 so that the lanes stay 32 bits wide; numba
+has no float16 conversion in nopython mode.
 """
 import math
 
 import numpy as np
 from numba import njit, prange
 
+from .bitcast import f32_as_u32, u32_as_f32
 from .rng import uniform01_cpu
 
 #: float64 partial sums per reduction (see the module docstring)
@@ -71,8 +75,50 @@ def _lane_total(acc, start):
 # ---------------------------------------------------------------------------
 # fp16 / bf16
 # ---------------------------------------------------------------------------
-#: 2**(e - 25) for half exponent fields e = 0..31 (e = 0 scales like e = 1)
-_F16_POW2 = np.array([2.0 ** (max(e, 1) - 25) for e in range(32)], dtype=np.float32)
+_U32 = np.uint32
+
+
+@njit(cache=True, inline="always")
+def _f16_bits(w):
+    """The binary16 bit pattern (as uint32) of the float32 with bit pattern
+    ``w``, rounded to nearest even; finite values that would round to
+    ``|h| >= 65520`` saturate to +-65504; +-inf stay infinite; NaN becomes a
+    quiet NaN of the same sign keeping the top 9 payload bits.
+
+    Branch-free (selects), in 32-bit lanes: every intermediate is cast back
+    to uint32 because numba widens uint32 arithmetic to 64 bits, which halves
+    the lanes.  Half subnormals (``|v| < 2**-14``) come from one float
+    addition: ``0.5 + |v|`` rounds ``|v|`` to a multiple of ``2**-24`` (the
+    float32 spacing at 0.5), ties to even, and its bits minus those of 0.5
+    count the multiples.  That holds under flush-to-zero / denormals-are-zero
+    modes too: the sum is normal, and a float32 subnormal read as zero
+    rounds to 0 either way.  Normal halves re-bias the exponent (127 -> 15)
+    and round away the 13 low bits: ``+ 0xFFF`` plus the kept low bit, then
+    a shift."""
+    a = _U32(w & _U32(0x7FFFFFFF))
+    sub = _U32(f32_as_u32(u32_as_f32(a) + np.float32(0.5)) - _U32(0x3F000000))
+    norm = _U32(_U32(_U32(a - _U32(0x37FFF001)) + _U32(_U32(a >> _U32(13)) & _U32(1)))
+                >> _U32(13))
+    h = sub if a < _U32(0x38800000) else norm           # below 2**-14: subnormal half
+    h = _U32(0x7BFF) if a >= _U32(0x477FF000) else h    # rounds to >= 65520: saturate
+    special = _U32(_U32(_U32(0x7C00) | _U32(_U32(a >> _U32(13)) & _U32(0x3FF)))
+                   | _U32(_U32(a > _U32(0x7F800000)) << _U32(9)))
+    h = special if a >= _U32(0x7F800000) else h         # inf, or NaN made quiet
+    return _U32(h | _U32(_U32(w >> _U32(16)) & _U32(0x8000)))
+
+
+@njit(cache=True, inline="always")
+def _f16_value(h):
+    """The float32 value of the binary16 bit pattern ``h`` (exact): normals
+    by re-biasing the exponent, subnormals as ``m * 2**-24``, +-inf, and
+    NaN as the canonical quiet NaN ``0x7FC00000`` with ``h``'s sign.
+    Branch-free, 32-bit lanes (see :func:`_f16_bits`)."""
+    b = _U32(h)
+    m = _U32(b & _U32(0x7FFF))
+    r = _U32(_U32(m << _U32(13)) + _U32(0x38000000))
+    r = f32_as_u32(np.float32(m) * np.float32(2.0 ** -24)) if m < _U32(0x400) else r
+    r = (_U32(0x7F800000) if m == _U32(0x7C00) else _U32(0x7FC00000)) if m >= _U32(0x7C00) else r
+    return u32_as_f32(_U32(r | _U32(_U32(b & _U32(0x8000)) << _U32(16))))
 
 
 @njit(cache=True)
@@ -80,49 +126,38 @@ def f32_to_f16(u, out):
     """float32 bit patterns ``u`` (uint32) -> IEEE half bit patterns
     (uint16), rounding to nearest even.  Finite values beyond the half range
     saturate to +-65504; +-inf stay infinite; NaN becomes a quiet NaN of the
-    same sign."""
+    same sign (:func:`_f16_bits`)."""
     for i in range(u.size):
-        a = np.int64(u[i])
-        sign = (a >> 16) & 0x8000
-        a &= 0x7FFFFFFF
-        if a >= 0x7F800000:                      # inf or NaN
-            h = 0x7C00 if a == 0x7F800000 else 0x7E00 | ((a >> 13) & 0x3FF)
-        elif a >= 0x477FF000:                    # rounds to >= 65520: saturate
-            h = 0x7BFF
-        elif a >= 0x38800000:                    # normal half (>= 2**-14)
-            h = (a - 0x38000000 + 0xFFF + ((a >> 13) & 1)) >> 13
-        elif a >= 0x33000000:                    # subnormal half (>= 2**-25)
-            shift = 126 - (a >> 23)              # 14 .. 24
-            m = (a & 0x7FFFFF) | 0x800000
-            h = m >> shift
-            rem = m & ((1 << shift) - 1)
-            half = 1 << (shift - 1)
-            if rem > half or (rem == half and (h & 1) == 1):
-                h += 1
-        else:
-            h = 0
-        out[i] = h | sign
+        out[i] = _f16_bits(u[i])
 
 
 @njit(cache=True)
 def f16_to_f32(h, out, add):
-    """IEEE half bit patterns (uint16) -> float32 (exact); ``add``: ``out +=``."""
-    for i in range(h.size):
-        b = np.int64(h[i])
-        e = (b >> 10) & 0x1F
-        m = b & 0x3FF
-        if e == 0x1F:
-            v = np.float32(np.inf) if m == 0 else np.float32(np.nan)
-        else:
-            if e != 0:
-                m |= 0x400
-            v = np.float32(m) * _F16_POW2[e]
-        if b & 0x8000:
-            v = -v
-        if add:
-            out[i] += v
-        else:
-            out[i] = v
+    """IEEE half bit patterns (uint16) -> float32 (exact, NaN canonical:
+    :func:`_f16_value`); ``add``: ``out +=``."""
+    if add:
+        for i in range(h.size):
+            out[i] += _f16_value(h[i])
+    else:
+        for i in range(h.size):
+            out[i] = _f16_value(h[i])
+
+
+@njit(cache=True, inline="always")
+def _bf16_bits(w, saturate):
+    """The bfloat16 bit pattern (as uint32) of the float32 with bit pattern
+    ``w``: nearest even; NaN becomes a quiet NaN of the same sign; with
+    ``saturate`` finite values that would round to infinity become the
+    largest bfloat16.  Branch-free, 32-bit lanes (see :func:`_f16_bits`;
+    the sum wraps only for NaN patterns, which the select replaces)."""
+    a = _U32(w & _U32(0x7FFFFFFF))
+    top = _U32(w >> _U32(16))
+    h = _U32(_U32(_U32(w + _U32(0x7FFF)) + _U32(top & _U32(1))) >> _U32(16))
+    h = _U32(top | _U32(0x40)) if a > _U32(0x7F800000) else h
+    if saturate:
+        big = (a >= _U32(0x7F7F8000)) & (a < _U32(0x7F800000))
+        h = _U32(_U32(top & _U32(0x8000)) | _U32(0x7F7F)) if big else h
+    return h
 
 
 @njit(cache=True)
@@ -131,38 +166,25 @@ def f32_to_bf16(u, out, saturate):
     nearest even; NaN becomes a quiet NaN of the same sign.  With
     ``saturate`` (the codec) finite values that would round to infinity
     become the largest bfloat16 (+-3.3895e38); without (a user's bfloat16
-    result) they round to infinity, as IEEE rounding does."""
-    for i in range(u.size):
-        w = np.int64(u[i])
-        a = w & 0x7FFFFFFF
-        if a > 0x7F800000:
-            h = (w >> 16) | 0x40
-        elif saturate and a >= 0x7F7F8000 and a < 0x7F800000:
-            h = ((w >> 16) & 0x8000) | 0x7F7F
-        else:
-            h = (w + 0x7FFF + ((w >> 16) & 1)) >> 16
-        out[i] = h
+    result) they round to infinity, as IEEE rounding does
+    (:func:`_bf16_bits`)."""
+    if saturate:
+        for i in range(u.size):
+            out[i] = _bf16_bits(u[i], True)
+    else:
+        for i in range(u.size):
+            out[i] = _bf16_bits(u[i], False)
 
 
 @njit(cache=True)
 def bf16_to_f32(h, out, add):
     """bfloat16 bit patterns (uint16) -> float32 (exact); ``add``: ``out +=``."""
-    n = h.size
-    if not add:
-        bits = out.view(np.uint32)
-        for i in range(n):
-            bits[i] = np.uint32(h[i]) << np.uint32(16)
-        return
-    scratch = np.empty(BLOCK, dtype=np.uint32)
-    values = scratch.view(np.float32)
-    for lo in range(0, n, BLOCK):
-        m = min(BLOCK, n - lo)
-        hb = h[lo:lo + m]
-        ob = out[lo:lo + m]
-        for k in range(m):
-            scratch[k] = np.uint32(hb[k]) << np.uint32(16)
-        for k in range(m):
-            ob[k] += values[k]
+    if add:
+        for i in range(h.size):
+            out[i] += u32_as_f32(_U32(_U32(h[i]) << _U32(16)))
+    else:
+        for i in range(h.size):
+            out[i] = u32_as_f32(_U32(_U32(h[i]) << _U32(16)))
 
 
 @njit(cache=True, inline="always")
@@ -183,50 +205,72 @@ def _compensate_block(xb, eb, has_e, ob):
     return bad
 
 
-@njit(cache=True)
-def half_encode_feedback(x, e, has_e, bf16, bits, e_out):
-    """fp16 / bf16 (saturating) bits of ``v = x + e`` (``v = x`` without
-    ``has_e``) into ``bits``, and ``e_out = v - decode(bits)``, in one pass:
-    block by block, ``v`` goes to ``e_out``, is rounded, widened back into a
-    cache-resident block and subtracted -- the bits of the three steps.
-    Returns the number of non-finite ``v``."""
-    n = x.size
-    scratch = np.empty(BLOCK, dtype=np.uint32)
-    dec = scratch.view(np.float32)
-    vbits = e_out.view(np.uint32)
-    bad = 0
-    for blo in range(0, n, BLOCK):
-        bhi = min(blo + BLOCK, n)
-        m = bhi - blo
-        ob = e_out[blo:bhi]            # slices indexed from 0: the loops vectorize
-        bad += _compensate_block(x[blo:bhi], e[blo:bhi], has_e, ob)
-        bb = bits[blo:bhi]
-        if bf16:
-            f32_to_bf16(vbits[blo:bhi], bb, True)
-            for k in range(m):
-                scratch[k] = np.uint32(bb[k]) << np.uint32(16)
-        else:
-            f32_to_f16(vbits[blo:bhi], bb)
-            f16_to_f32(bb, dec[:m], False)
-        for k in range(m):
-            ob[k] = ob[k] - dec[k]
-    return bad
+@njit(cache=True, inline="always")
+def _half_round(w, bf16):
+    """fp16 or (saturating) bf16 bits, as uint32, of the float32 bits ``w``."""
+    return _bf16_bits(w, True) if bf16 else _f16_bits(w)
 
 
 @njit(cache=True, inline="always")
-def _widen_block(bb, bf16, dec, scratch, add):
-    """``dec (+)= widen(bb)`` for a block of fp16 / bf16 bit patterns."""
-    m = bb.size
+def _half_value(h, bf16):
+    """The float32 value of fp16 or bf16 bits ``h``."""
+    return u32_as_f32(_U32(_U32(h) << _U32(16))) if bf16 else _f16_value(h)
+
+
+@njit(cache=True, inline="always")
+def _half_feedback(x, e, has_e, bf16, bits, e_out):
+    """The loop of :func:`half_encode_feedback`; returns whether any ``v``
+    is non-finite (an or, not a count: a 64-bit counter would narrow the
+    vector lanes to four)."""
+    nonfinite = False
+    if has_e:
+        for i in range(x.size):
+            v = x[i] + e[i]
+            nonfinite |= (v - v) != 0
+            h = _half_round(f32_as_u32(v), bf16)
+            bits[i] = h
+            e_out[i] = v - _half_value(h, bf16)
+    else:
+        for i in range(x.size):
+            v = x[i]
+            nonfinite |= (v - v) != 0
+            h = _half_round(f32_as_u32(v), bf16)
+            bits[i] = h
+            e_out[i] = v - _half_value(h, bf16)
+    return nonfinite
+
+
+@njit(cache=True)
+def _count_nonfinite(x):
+    bad = 0
+    for i in range(x.size):
+        v = x[i]
+        bad += (v - v) != 0
+    return bad
+
+
+@njit(cache=True)
+def half_encode_feedback(x, e, has_e, bf16, bits, e_out):
+    """fp16 / bf16 (saturating) bits of ``v = x + e`` (``v = x`` without
+    ``has_e``) into ``bits``, and ``e_out = v - decode(bits)``, in one
+    vectorized pass, element by element: ``v`` is rounded (:func:`_f16_bits`
+    / :func:`_bf16_bits`), widened back and subtracted -- the bits of the
+    three steps.  Returns the number of non-finite ``v`` (``v - v`` is NaN
+    exactly for inf and NaN), counted in ``e_out`` when there are any: it is
+    non-finite exactly where ``v`` is (a finite ``v`` decodes to a finite
+    value of its sign, saturated, and the difference stays finite)."""
     if bf16:
-        for k in range(m):
-            scratch[k] = np.uint32(bb[k]) << np.uint32(16)
-        vals = scratch.view(np.float32)
-        if add:
-            for k in range(m):
-                dec[k] += vals[k]
-        else:
-            for k in range(m):
-                dec[k] = vals[k]
+        nonfinite = _half_feedback(x, e, has_e, True, bits, e_out)
+    else:
+        nonfinite = _half_feedback(x, e, has_e, False, bits, e_out)
+    return _count_nonfinite(e_out) if nonfinite else 0
+
+
+@njit(cache=True, inline="always")
+def _widen_block(bb, bf16, dec, add):
+    """``dec (+)= widen(bb)`` for a block of fp16 / bf16 bit patterns."""
+    if bf16:
+        bf16_to_f32(bb, dec, add)
     else:
         f16_to_f32(bb, dec, add)
 
@@ -241,7 +285,6 @@ def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
     decode-add, compensate, re-encode, decode and subtract.  Returns the
     number of non-finite ``w``."""
     n = out.size
-    scratch = np.empty(BLOCK, dtype=np.uint32)
     acc = np.empty(BLOCK, dtype=np.float32)
     dec = np.empty(BLOCK, dtype=np.float32)
     bad = 0
@@ -252,7 +295,7 @@ def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
         for k in range(m):
             ab[k] = 0.0
         for src in range(received.shape[0]):
-            _widen_block(received[src, blo:bhi], bf16, ab, scratch, True)
+            _widen_block(received[src, blo:bhi], bf16, ab, True)
         if feedback:
             wb = e_out[blo:bhi]
             bad += _compensate_block(ab, e[blo:bhi], has_e, wb)
@@ -267,7 +310,7 @@ def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
         else:
             f32_to_f16(wb.view(np.uint32), bb)
         db = dec[:m]
-        _widen_block(bb, bf16, db, scratch, False)
+        _widen_block(bb, bf16, db, False)
         ob = out[blo:bhi]
         for k in range(m):
             ob[k] = db[k]

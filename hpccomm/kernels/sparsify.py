@@ -12,12 +12,15 @@ are never sent, whatever ``t`` is, and NaN never compares true, so it is never
 selected.
 
 Threads: the O(n) passes over the input (:func:`count_abs_ge`,
-:func:`compact_abs_ge`, :func:`sum_squares`) cut ``[0, n)`` into fixed blocks
-of :data:`BLOCK` elements and run blocks in parallel (``prange``); every
-block's result lands in its own slot and slots are combined in block order, so
-the output bits depend on neither the thread count nor the schedule.  The
-per-column kernels of ``adaptive`` run fixed groups of columns in parallel,
-for the same reason.  Everything else is sequential.
+:func:`compact_abs_ge`, :func:`sum_squares`, :func:`compensate`) cut
+``[0, n)`` into fixed blocks of :data:`BLOCK` elements and run blocks in
+parallel (``prange``); every block's result lands in its own slot and slots
+are combined in block order, so the output bits depend on neither the thread
+count nor the schedule.  ``adaptive`` (:func:`adaptive_encode`) runs fixed
+groups of columns in parallel, for the same reason.  Everything else is
+sequential.  The work on one block is a function of its own, called from the
+``prange`` loop rather than inlined into it: numba compiles it to tighter
+loops that way (the sum of squares ran at half the speed inlined).
 
 Random numbers: every draw comes from :mod:`hpccomm.kernels.rng`, with the
 counters documented at each kernel.
@@ -29,10 +32,34 @@ import numpy as np
 from numba import njit, prange
 
 from . import threads
+from .nonfinite import count_nonfinite
 from .rng import hash_index_cpu
 
 #: elements per block of the block-parallel passes (a multiple of 64)
 BLOCK = 1 << 16
+
+
+#: elements per chunk of the mask-driven compactions (one uint64 of flags:
+#: ``mask |= uint64(flag_j) << j`` over a chunk vectorizes, a compare and a
+#: variable shift per lane and an or-reduction)
+CHUNK = 64
+
+_DEBRUIJN = 0x03F79D71B4CB0A89
+#: bit position of a 64-bit word's lowest set bit ``b``, by ``(b * DEBRUIJN) >> 58``
+_DEBRUIJN_POS = np.zeros(64, dtype=np.int64)
+for _bit in range(64):
+    _DEBRUIJN_POS[(((1 << _bit) * _DEBRUIJN) & ((1 << 64) - 1)) >> 58] = _bit
+U64_DEBRUIJN = np.uint64(_DEBRUIJN)
+_U1 = np.uint64(1)
+_U58 = np.uint64(58)
+
+
+@njit(cache=True, inline="always")
+def _lowest_bit(mask):
+    """``(j, rest)``: the position of the lowest set bit of the non-zero
+    uint64 ``mask`` and ``mask`` without it."""
+    low = mask & (~mask + _U1)
+    return _DEBRUIJN_POS[(low * U64_DEBRUIJN) >> _U58], mask ^ low
 
 
 @contextmanager
@@ -84,40 +111,45 @@ def count_abs_ge(x, t):
         return int(count_abs_ge_blocks(x, np.float32(t)).sum())
 
 
-@njit(cache=True, parallel=True)
-def compact_abs_ge(x, t, counts, starts, idx, vals):
-    """Write the candidates of block ``b`` (``counts[b]`` of them, see
-    :func:`count_abs_ge_blocks`) to ``idx[starts[b]:]`` / ``vals[starts[b]:]``
-    in index order; ``starts`` is the exclusive prefix sum of ``counts``.
+@njit(cache=True)
+def _compact_block(xb, t, lo, idx, vals):
+    """The candidates of ``xb`` (global indices from ``lo``) to ``idx`` /
+    ``vals`` from 0 on, in index order.  Chunks of :data:`CHUNK` elements:
+    the candidates' flags form a 64-bit mask (vectorized), whose set bits
+    are visited lowest first -- no branch per element, whatever the
+    density."""
+    body = xb.size - xb.size % CHUNK
+    k = 0
+    for c0 in range(0, body, CHUNK):
+        q = xb[c0:c0 + CHUNK]
+        mask = np.uint64(0)
+        for j in range(CHUNK):
+            v = q[j]
+            mask |= np.uint64((abs(v) >= t) & (v != 0)) << np.uint64(j)
+        while mask:
+            j, mask = _lowest_bit(mask)
+            idx[k] = lo + c0 + j
+            vals[k] = q[j]
+            k += 1
+    for i in range(body, xb.size):
+        v = xb[i]
+        if abs(v) >= t and v != 0:
+            idx[k] = lo + i
+            vals[k] = v
+            k += 1
 
-    Sparse blocks branch per element (the branch is almost never taken);
-    blocks denser than 1/16 write every element to a scratch buffer and
-    advance by the predicate instead, which costs no mispredictions."""
+
+@njit(cache=True, parallel=True)
+def compact_abs_ge(x, t, starts, idx, vals):
+    """Write the candidates of block ``b`` (see :func:`count_abs_ge_blocks`)
+    to ``idx[starts[b]:]`` / ``vals[starts[b]:]`` in index order
+    (:func:`_compact_block`); ``starts`` is the exclusive prefix sum of the
+    counts."""
     n = x.size
     nb = (n + BLOCK - 1) // BLOCK
     for b in prange(nb):
         lo = b * BLOCK
-        xb = x[lo:min(lo + BLOCK, n)]
-        k = starts[b]
-        if counts[b] * 16 > xb.size:
-            rows = np.empty(xb.size + 1, dtype=np.int64)
-            found = np.empty(xb.size + 1, dtype=np.float32)
-            c = 0
-            for i in range(xb.size):
-                v = xb[i]
-                rows[c] = i
-                found[c] = v
-                c += (abs(v) >= t) & (v != 0)
-            for j in range(c):
-                idx[k + j] = lo + rows[j]
-                vals[k + j] = found[j]
-        else:
-            for i in range(xb.size):
-                v = xb[i]
-                if abs(v) >= t and v != 0:
-                    idx[k] = lo + i
-                    vals[k] = v
-                    k += 1
+        _compact_block(x[lo:min(lo + BLOCK, n)], t, lo, idx[starts[b]:], vals[starts[b]:])
 
 
 def select_abs_ge(x, t, index_dtype):
@@ -132,7 +164,7 @@ def select_abs_ge(x, t, index_dtype):
         idx = np.empty(m, dtype=index_dtype)
         vals = np.empty(m, dtype=np.float32)
         if m:
-            compact_abs_ge(x, t, counts, starts, idx, vals)
+            compact_abs_ge(x, t, starts, idx, vals)
     return idx, vals
 
 
@@ -160,26 +192,37 @@ def keep_largest(idx, vals, k):
 LANES = 8
 
 
+@njit(cache=True)
+def _sum_squares_of(xb):
+    """``sum(xb_i^2)`` in float64: element ``i`` goes to accumulator
+    ``acc[i mod LANES]``, the accumulators are added in lane order, then the
+    tail beyond the last whole row of :data:`LANES`.  (Rows of a 2-D view:
+    numba then keeps the lanes in registers; a call, not inlined, for the
+    same reason.)"""
+    full = xb.size - xb.size % LANES
+    rows = xb[:full].reshape(full // LANES, LANES)
+    acc = np.zeros(LANES)
+    for r in range(rows.shape[0]):
+        row = rows[r]
+        for lane in range(LANES):
+            v = np.float64(row[lane])
+            acc[lane] += v * v
+    s = 0.0
+    for lane in range(LANES):
+        s += acc[lane]
+    for i in range(full, xb.size):
+        v = np.float64(xb[i])
+        s += v * v
+    return s
+
+
 @njit(cache=True, parallel=True)
 def _block_sum_squares(x):
     n = x.size
     nb = (n + BLOCK - 1) // BLOCK
     parts = np.zeros(nb, dtype=np.float64)
     for b in prange(nb):
-        xb = x[b * BLOCK:min((b + 1) * BLOCK, n)]
-        acc = np.zeros(LANES, dtype=np.float64)
-        full = xb.size - xb.size % LANES
-        for i in range(0, full, LANES):
-            for lane in range(LANES):
-                v = np.float64(xb[i + lane])
-                acc[lane] += v * v
-        s = 0.0
-        for lane in range(LANES):
-            s += acc[lane]
-        for i in range(full, xb.size):
-            v = np.float64(xb[i])
-            s += v * v
-        parts[b] = s
+        parts[b] = _sum_squares_of(x[b * BLOCK:min((b + 1) * BLOCK, n)])
     return parts
 
 
@@ -196,11 +239,65 @@ def _sum_squares(x):
     element ``i`` goes to accumulator ``i mod LANES``, the accumulators are
     added in lane order, then the tail, then the blocks in order -- the same
     bits for any thread count (and fast: independent accumulators pipeline)."""
-    parts = _block_sum_squares(x)
+    return _sum_parts(_block_sum_squares(x))
+
+
+@njit(cache=True)
+def _sum_parts(parts):
+    """``0.0 + parts[0] + parts[1] + ...`` in order."""
     s = 0.0
     for b in range(parts.size):
         s += parts[b]
     return s
+
+
+# ---------------------------------------------------------------------------
+# Error feedback: v = x + e formed in the new residual
+# ---------------------------------------------------------------------------
+@njit(cache=True)
+def _compensate(xb, eb, has_e, vb):
+    """``vb = xb + eb`` (``xb`` without ``has_e``); whether any ``v`` is
+    non-finite (``v - v`` is NaN exactly for inf and NaN; an or, not a
+    count: a 64-bit counter narrows the vector lanes)."""
+    nonfinite = False
+    if has_e:
+        for i in range(xb.size):
+            v = xb[i] + eb[i]
+            vb[i] = v
+            nonfinite |= (v - v) != 0
+    else:
+        for i in range(xb.size):
+            v = xb[i]
+            vb[i] = v
+            nonfinite |= (v - v) != 0
+    return nonfinite
+
+
+@njit(cache=True, parallel=True)
+def _compensate_blocks(x, e, has_e, squares, v):
+    n = x.size
+    nb = (n + BLOCK - 1) // BLOCK
+    flags = np.zeros(nb, dtype=np.bool_)
+    parts = np.zeros(nb, dtype=np.float64)
+    for b in prange(nb):
+        lo = b * BLOCK
+        hi = min(lo + BLOCK, n)
+        vb = v[lo:hi]
+        flags[b] = _compensate(x[lo:hi], e[lo:hi], has_e, vb)
+        if squares:
+            parts[b] = _sum_squares_of(vb)
+    return flags, parts
+
+
+def compensate(x, e, v, squares):
+    """``v = x + e`` (``v = x`` for ``e=None``), block by block; returns
+    ``(bad, ss)``: the number of non-finite ``v`` and, with ``squares``,
+    ``sum_squares(v)`` -- the same bits, each block's sum taken while the
+    block is in cache (0.0 without ``squares``)."""
+    with threads_for(x.size):
+        flags, parts = _compensate_blocks(x, x if e is None else e, e is not None, squares, v)
+    bad = count_nonfinite(v) if flags.any() else 0
+    return bad, (_sum_parts(parts) if squares else 0.0)
 
 
 def strided_sample_abs(x, s, key, counter):
@@ -259,6 +356,16 @@ def pack_sign_words(idx, vals, words):
 
 
 @njit(cache=True)
+def subtract_sign_quanta(e, idx, vals, tau):
+    """``e[idx[j]] -= (tau if vals[j] > 0 else -tau)``: the new residual at
+    the entries a threshold packet sends (what its words decode to there)."""
+    neg = -tau
+    for j in range(idx.size):
+        i = idx[j]
+        e[i] = e[i] - (tau if vals[j] > 0 else neg)
+
+
+@njit(cache=True)
 def sign_words_valid(words, n):
     """True if the indices ``words >> 1`` are strictly increasing inside ``[0, n)``."""
     prev = -1
@@ -287,14 +394,6 @@ def scatter_sign_words(words, tau, out, add):
 # ---------------------------------------------------------------------------
 # Random-k: Floyd's sampling of k distinct indices out of n
 # ---------------------------------------------------------------------------
-_DEBRUIJN = 0x03F79D71B4CB0A89
-#: bit position of a 64-bit word's lowest set bit ``b``, by ``(b * DEBRUIJN) >> 58``
-_DEBRUIJN_POS = np.zeros(64, dtype=np.int64)
-for _bit in range(64):
-    _DEBRUIJN_POS[(((1 << _bit) * _DEBRUIJN) & ((1 << 64) - 1)) >> 58] = _bit
-U64_DEBRUIJN = np.uint64(_DEBRUIJN)
-
-
 @njit(cache=True)
 def floyd_indices(key, n, out):
     """Fill ``out`` with ``k = out.size`` distinct indices of ``[0, n)``,
@@ -476,67 +575,151 @@ def _trim_side(col, tau, cap, sign):
     return t, q, total
 
 
-@njit(cache=True, parallel=True)
-def _adaptive_plan(x, H, pi, samples, excess, key, offset):
-    """Per column of ``H`` rows (the last one ragged): the cuts of both signs,
-    the entry count and the two reconstruction means.
+@njit(cache=True)
+def _column_thresholds(col, start, pi, samples, key, base, drawn, pos, neg):
+    """``(tau_pos, tau_neg)`` of one column whose first element is element
+    ``start`` of the vector (:func:`_sample_thresholds`).
 
     Sampling: a column of ``h > samples`` rows draws ``samples`` rows with
     replacement, draw ``j`` taking row ``floor(z h / 2**64)`` with
-    ``z = hash_index(key, offset + start + j)`` (``start`` = the column's first
-    element, so the counter is the global index of one of the column's own
-    elements and columns never share counters); shorter columns use all
-    their rows (exact selection).
+    ``z = hash_index(key, offset + start + j)`` (``base = offset``; the
+    counter is the global index of one of the column's own elements, so
+    columns never share counters); shorter columns use all their rows (exact
+    selection).  ``drawn``: ``samples`` scratch; ``pos`` / ``neg``: one
+    more."""
+    h = col.size
+    if h <= samples:
+        return _sample_thresholds(col, pi, pos, neg)
+    for j in range(samples):
+        z = hash_index_cpu(key, base + np.uint64(start + j))
+        drawn[j] = col[_scaled_index(z, h)]
+    return _sample_thresholds(drawn, pi, pos, neg)
 
-    A side's cut ``(t, q)`` keeps the values ``v > t`` plus the first ``q``
-    rows with ``v == t`` (``v = x`` for the positive side, ``-x`` for the
-    negative one).  Returns ``(t_pos, q_pos, t_neg, q_neg, counts, mu_pos,
-    mu_neg)``.  Columns go in fixed groups of about :data:`BLOCK` elements
-    (one scratch allocation per group), groups in parallel."""
+
+@njit(cache=True)
+def _select_column(col, tp, tn, words, k):
+    """The words ``(row << 1) | s`` of every row of ``col`` with
+    ``v >= tp`` (``s = 1``) or ``v <= -tn`` (``s = 0``), rows ascending,
+    from ``words[k]`` on -- those past the end of ``words`` all go to its
+    last slot (more than fit only when a side is cut to its cap, and then
+    the column is written again).  Returns ``(cp, cn, sp, sn)``: the count
+    and the float64 row-order sum of each side.
+
+    Chunks of :data:`CHUNK` rows through a 64-bit mask (see
+    :func:`_compact_block`); the sums add ``0.0`` for the other side, which
+    changes nothing (``tp, tn > 0``, so a sum is never ``-0.0``)."""
+    neg_bar = -tn
+    lim = words.size - 1
+    cp = 0
+    cn = 0
+    sp = 0.0
+    sn = 0.0
+    body = col.size - col.size % CHUNK
+    for c0 in range(0, body + CHUNK, CHUNK):
+        q = col[c0:min(c0 + CHUNK, col.size)]
+        mask = np.uint64(0)
+        if q.size == CHUNK:             # a literal trip count: the loop vectorizes
+            for j in range(CHUNK):
+                v = q[j]
+                mask |= np.uint64((v >= tp) | (v <= neg_bar)) << np.uint64(j)
+        else:                           # the tail: a partial chunk
+            for j in range(q.size):
+                v = q[j]
+                mask |= np.uint64((v >= tp) | (v <= neg_bar)) << np.uint64(j)
+        while mask:
+            j, mask = _lowest_bit(mask)
+            v = q[j]
+            p = np.int64(v >= tp)
+            words[min(k, lim)] = ((c0 + j) << 1) | p
+            k += 1
+            cp += p
+            cn += 1 - p
+            w = np.float64(v)
+            sp += w if p else 0.0
+            sn += 0.0 if p else w
+    return cp, cn, sp, sn
+
+
+@njit(cache=True)
+def _write_column(col, tp, qp, tn, qn, words, k):
+    """Words of the rows with ``v > tp`` or among the first ``qp`` with
+    ``v == tp`` (``s = 1``), and likewise ``v < -tn`` / the first ``qn``
+    with ``v == -tn`` (``s = 0``), rows ascending, from ``words[k]`` on."""
+    neg_bar = -tn
+    seen_p = 0
+    seen_n = 0
+    for i in range(col.size):
+        v = col[i]
+        if v >= tp:
+            if v > tp or seen_p < qp:
+                seen_p += v == tp
+                words[k] = np.uint32((i << 1) | 1)
+                k += 1
+        elif v <= neg_bar:
+            if v < neg_bar or seen_n < qn:
+                seen_n += v == neg_bar
+                words[k] = np.uint32(i << 1)
+                k += 1
+
+
+@njit(cache=True)
+def _subtract_means(col, words, mp, mn):
+    """``col[row] -= 0 + mu`` at the rows of ``words``: the residual where
+    the column's packet decodes to ``mu_pos`` / ``mu_neg`` (added to zero,
+    as the decoder does)."""
+    dp = np.float32(0.0) + mp
+    dn = np.float32(0.0) + mn
+    for j in range(words.size):
+        w = words[j]
+        r = w >> 1
+        col[r] = col[r] - (dp if w & 1 else dn)
+
+
+@njit(cache=True)
+def _any_nonfinite(v):
+    nonfinite = False
+    for i in range(v.size):
+        nonfinite |= (v[i] - v[i]) != 0
+    return nonfinite
+
+
+@njit(cache=True)
+def _count_nonfinite(v):
+    bad = 0
+    for i in range(v.size):
+        bad += (v[i] - v[i]) != 0
+    return bad
+
+
+@njit(cache=True)
+def _adaptive_group(x, e, has_e, feedback, H, c_lo, c_hi, pi, samples, excess, key, base,
+                    e_out, counts, mu_pos, mu_neg, words):
+    """Columns ``c_lo .. c_hi - 1`` (see :func:`adaptive_encode`), their
+    words from ``words[0]`` on; returns ``(words written, non-finite v)``."""
     n = x.size
-    W = (n + H - 1) // H
-    t_pos = np.empty(W, dtype=np.float32)
-    t_neg = np.empty(W, dtype=np.float32)
-    q_pos = np.empty(W, dtype=np.int64)
-    q_neg = np.empty(W, dtype=np.int64)
-    counts = np.empty(W, dtype=np.int64)
-    mu_pos = np.zeros(W, dtype=np.float32)
-    mu_neg = np.zeros(W, dtype=np.float32)
-    base = np.uint64(offset)
+    drawn = np.empty(min(samples, H), dtype=np.float32)
+    pos = np.empty(min(samples, H) + 1, dtype=np.float32)
+    neg = np.empty(min(samples, H) + 1, dtype=np.float32)
     one = np.float32(1.0)
-    group = max(1, BLOCK // H)
-    for g in prange((W + group - 1) // group):
-        drawn = np.empty(min(samples, H), dtype=np.float32)
-        pos = np.empty(min(samples, H) + 1, dtype=np.float32)
-        neg = np.empty(min(samples, H) + 1, dtype=np.float32)
-        for c in range(g * group, min((g + 1) * group, W)):
-            lo = c * H
-            col = x[lo:min(lo + H, n)]
-            h = col.size
-            if h > samples:
-                for j in range(samples):
-                    z = hash_index_cpu(key, base + np.uint64(lo + j))
-                    drawn[j] = col[_scaled_index(z, h)]
-                sample = drawn
-            else:
-                sample = col
-            tp, tn = _sample_thresholds(sample, pi, pos, neg)
-            # one pass: the selections {x >= tp} and {x <= -tn}
-            neg_bar = -tn
-            cp = 0
-            cn = 0
-            sp = 0.0
-            sn = 0.0
-            for i in range(h):
-                v = col[i]
-                if v >= tp:
-                    cp += 1
-                    sp += np.float64(v)
-                elif v <= neg_bar:
-                    cn += 1
-                    sn += np.float64(v)
-            cap = adaptive_cap(h, pi, excess)
-            qp = cp  # keep every v >= tp: all ties included
+    bad = 0
+    k = 0
+    for c in range(c_lo, c_hi):
+        lo = c * H
+        hi = min(lo + H, n)
+        h = hi - lo
+        if feedback:
+            col = e_out[lo:hi]
+            nonfinite = _compensate(x[lo:hi], e[lo:hi], has_e, col)
+        else:                         # the scan also brings the column into cache
+            col = x[lo:hi]
+            nonfinite = _any_nonfinite(col)
+        if nonfinite:
+            bad += _count_nonfinite(col)
+        tp, tn = _column_thresholds(col, lo, pi, samples, key, base, drawn, pos, neg)
+        cp, cn, sp, sn = _select_column(col, tp, tn, words, k)
+        cap = adaptive_cap(h, pi, excess)
+        if cp > cap or cn > cap:      # cut a side to its cap, ties to lower rows
+            qp = cp
             qn = cn
             if cp > cap:
                 tp, qp, sp = _trim_side(col, tp, cap, one)
@@ -544,55 +727,87 @@ def _adaptive_plan(x, H, pi, samples, excess, key, offset):
             if cn > cap:
                 tn, qn, sn = _trim_side(col, tn, cap, -one)
                 cn = cap
-            t_pos[c] = tp
-            q_pos[c] = qp
-            t_neg[c] = tn
-            q_neg[c] = qn
-            counts[c] = cp + cn
-            if cp:
-                mu_pos[c] = np.float32(sp / cp)
-            if cn:
-                mu_neg[c] = np.float32(sn / cn)
-    return t_pos, q_pos, t_neg, q_neg, counts, mu_pos, mu_neg
+            _write_column(col, tp, qp, tn, qn, words, k)
+        mp = np.float32(sp / cp) if cp else np.float32(0.0)
+        mn = np.float32(sn / cn) if cn else np.float32(0.0)
+        counts[c] = cp + cn
+        mu_pos[c] = mp
+        mu_neg[c] = mn
+        if feedback:
+            _subtract_means(col, words[k:k + cp + cn], mp, mn)
+        k += cp + cn
+    return k, bad
+
+
+def column_max(h, pi, excess):
+    """The most entries a column of ``h`` rows sends: ``min(h, 2 cap(h))``."""
+    return min(h, 2 * int(adaptive_cap(h, pi, excess)))
 
 
 @njit(cache=True, parallel=True)
-def _adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
-    """Column ``c``'s words ``(row << 1) | s`` (``s`` = 1 positive) at
-    ``words[starts[c]:]``, rows ascending, following the cuts of
-    :func:`adaptive_plan`."""
+def _adaptive_encode(x, e, has_e, feedback, H, pi, samples, excess, key, offset, e_out,
+                     counts, mu_pos, mu_neg, words, stride, used, bad):
+    W = counts.size
+    group = max(1, BLOCK // H)
+    base = np.uint64(offset)
+    for g in prange((W + group - 1) // group):
+        used[g], bad[g] = _adaptive_group(
+            x, e, has_e, feedback, H, g * group, min((g + 1) * group, W), pi, samples, excess,
+            key, base, e_out, counts, mu_pos, mu_neg, words[g * stride:(g + 1) * stride])
+
+
+@njit(cache=True)
+def _gather_groups(words, stride, used, out):
+    """Concatenate ``words[g * stride:][:used[g]]`` over the groups."""
+    k = 0
+    for g in range(used.size):
+        src = words[g * stride:g * stride + used[g]]
+        for j in range(src.size):
+            out[k + j] = src[j]
+        k += src.size
+
+
+def adaptive_encode(x, e, e_out, H, pi, samples, excess, key, offset):
+    """Adaptive quantization of ``v`` in columns of ``H`` rows (the last one
+    ragged), one column at a time while it is in cache: ``v = x`` (``e_out
+    = None``), or with error feedback ``v = x + e`` (``v = x`` for ``e =
+    None``) formed in ``e_out``, which becomes ``v - decode(packet)``.
+
+    Per column: thresholds from the sample (:func:`_column_thresholds`),
+    then one pass selecting ``{v >= tau_pos}`` and ``{v <= -tau_neg}`` with
+    their counts and row-order float64 sums (:func:`_select_column`); a side
+    with more than ``cap(h)`` entries keeps the ``cap`` largest, ties to
+    lower rows (:func:`_trim_side`, every ``v > t`` plus the first ``q``
+    rows with ``v == t``; the column's words are then written again).  The
+    means are the sums over the counts rounded once to float32 (0 for an
+    empty side); with feedback, ``e_out`` drops ``0 + mu`` at the sent rows
+    only.  Columns go in fixed groups of about :data:`BLOCK` elements, groups
+    in parallel; each group's words go to its own region of a scratch and
+    are concatenated in order, so nothing depends on the threads.
+
+    Returns ``(counts, mu_pos, mu_neg, words, bad)``: per column the entry
+    count and the means, the words ``(row << 1) | s`` (``s = 1`` positive)
+    column after column, and the number of non-finite ``v`` (a scan of each
+    column before its draws, which then hit cache)."""
     n = x.size
-    for c in prange(t_pos.size):
-        col = x[c * H:min((c + 1) * H, n)]
-        tp, qp, tn, qn = t_pos[c], q_pos[c], t_neg[c], q_neg[c]
-        neg_bar = -tn
-        k = starts[c]
-        seen_p = 0
-        seen_n = 0
-        for i in range(col.size):
-            v = col[i]
-            if v >= tp:
-                if v > tp or seen_p < qp:
-                    seen_p += v == tp
-                    words[k] = np.uint32((i << 1) | 1)
-                    k += 1
-            elif v <= neg_bar:
-                if v < neg_bar or seen_n < qn:
-                    seen_n += v == neg_bar
-                    words[k] = np.uint32(i << 1)
-                    k += 1
-
-
-def adaptive_plan(x, H, pi, samples, excess, key, offset):
-    """:func:`_adaptive_plan`, on one thread for inputs of one block."""
-    with threads_for(x.size):
-        return _adaptive_plan(x, H, pi, samples, excess, key, offset)
-
-
-def adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words):
-    """:func:`_adaptive_write`, on one thread for inputs of one block."""
-    with threads_for(x.size):
-        _adaptive_write(x, H, t_pos, q_pos, t_neg, q_neg, starts, words)
+    W = (n + H - 1) // H
+    feedback = e_out is not None
+    group = max(1, BLOCK // H)
+    ngroups = (W + group - 1) // group
+    stride = group * column_max(H, pi, excess) + 1
+    counts = np.empty(W, dtype=np.int64)
+    mu_pos = np.empty(W, dtype=np.float32)
+    mu_neg = np.empty(W, dtype=np.float32)
+    scratch = np.empty(ngroups * stride, dtype=np.uint32)
+    used = np.empty(ngroups, dtype=np.int64)
+    bad = np.empty(ngroups, dtype=np.int64)
+    with threads_for(n):
+        _adaptive_encode(x, x if e is None else e, e is not None, feedback, H, pi, samples,
+                         excess, key, offset, x if e_out is None else e_out, counts, mu_pos,
+                         mu_neg, scratch, stride, used, bad)
+    words = np.empty(int(used.sum()), dtype=np.uint32)
+    _gather_groups(scratch, stride, used, words)
+    return counts, mu_pos, mu_neg, words, int(bad.sum())
 
 
 @njit(cache=True)
