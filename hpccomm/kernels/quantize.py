@@ -39,7 +39,7 @@ host.
 import numpy as np
 from numba import njit
 
-from .rng import U64_GOLDEN, uniform01_weyl_cpu, weyl_cpu
+from .rng import U64_GOLDEN, bits24_weyl_cpu, uniform01_weyl_cpu, weyl_cpu
 
 #: float64 partial sums per reduction (see the module docstring)
 LANES = 32
@@ -789,20 +789,22 @@ def tern_owner_stats(rcodes, rscales, e, out):
 
 @njit(cache=True, inline="always")
 def _tern_code(v, u, scale, clip):
-    """``sign(v)`` if ``u * scale < min(|v|, clip)`` else 0, branch-free."""
-    keep = np.int64(u * scale < min(abs(v), clip))
-    return (np.int64(v > 0) - np.int64(v < 0)) * keep
+    """The ternary code as a float32 in {-1, 0, 1}: ``sign(v)`` if ``u * scale
+    < min(|v|, clip)`` else 0.  Branch-free, in float32 lanes: a kept ``v`` is
+    neither zero nor NaN (``u * scale >= 0``), so its sign is ``v < 0``."""
+    t = np.float32(1.0) - np.float32(2.0) * np.float32(v < 0)
+    return t if u * scale < min(abs(v), clip) else np.float32(0.0)
 
 
 @njit(cache=True, inline="always")
 def _tern_block(x, e, e_out, lo, hi, key, scale, clip, codes):
     """``codes[i - lo]`` for ``i`` in ``[lo, hi)``: the ternary code (see
     :func:`tern_codes`) of ``v = x[i] + e[i]`` (``x[i]`` for ``e=None``) drawn
-    with ``uniform01(key, i)``; with ``e_out``, ``e_out[i] = v - float32(t) *
-    scale`` -- exactly ``v - float32(t * float64(scale))``, the decoded value
-    for ``t`` in {-1, 0, 1}.  One branch-free loop that streams its operands:
-    the hash in 64-bit lanes (the counter advanced by addition), the rest in
-    float32 lanes."""
+    with ``uniform01(key, i)``; with ``e_out``, ``e_out[i] = v - t * scale``
+    in float32 -- exactly ``v - float32(t * float64(scale))``, the decoded
+    value for ``t`` in {-1, 0, 1}.  One branch-free loop that streams its
+    operands: the hash in 64-bit lanes (the counter advanced by addition),
+    the rest in float32 lanes."""
     base = np.uint64(lo)
     z = weyl_cpu(key, base)
     for k in range(hi - lo):
@@ -811,9 +813,9 @@ def _tern_block(x, e, e_out, lo, hi, key, scale, clip, codes):
         i = base + np.uint64(k)
         v = _v(x, e, i)
         t = _tern_code(v, u, scale, clip)
-        codes[k] = t
+        codes[k] = np.int32(t)
         if e_out is not None:
-            e_out[i] = v - np.float32(t) * scale
+            e_out[i] = v - t * scale
 
 
 @njit(cache=True)
@@ -939,6 +941,10 @@ def _ratio(scale, levels):
     return 0.0
 
 
+#: ``2**24``: :func:`_qsgd_block` works on ``a + u`` scaled by it
+_F64_2P24 = float(1 << 24)
+
+
 @njit(cache=True, inline="always")
 def _qsgd_block(x, e, e_out, lo, hi, key, ratio, unit, levels, codes):
     """``codes[i - lo]`` for ``i`` in ``[lo, hi)``: the QSGD code (see
@@ -946,8 +952,13 @@ def _qsgd_block(x, e, e_out, lo, hi, key, ratio, unit, levels, codes):
     with ``uniform01(key, i)``; ``ratio == 0`` (a zero or non-finite scale)
     gives zero codes without drawing.  With ``e_out``, ``e_out[i] = v -
     float32(code * unit)``, the residual of the decoded value.  One
-    branch-free loop that streams its operands (``|v| ratio + u`` in float64
-    lanes)."""
+    branch-free loop that streams its operands.
+
+    ``floor(a + u)`` is taken as ``floor(y) >> 24`` with ``y = |v| (ratio
+    2**24) + r``, ``r = u 2**24`` the 24 random bits: scaling by a power of
+    two commutes with float64 rounding here (``ratio`` is at most ``127 /
+    2**-149``, ``|v| ratio`` at least ``2**-149 / 3.4e38``: no overflow, no
+    subnormal), so ``y = 2**24 fl(a + u)`` exactly, and ``y >= 0``."""
     base = np.uint64(lo)
     if ratio == 0.0:
         zero = np.float32(0.0 * unit)
@@ -957,13 +968,15 @@ def _qsgd_block(x, e, e_out, lo, hi, key, ratio, unit, levels, codes):
                 i = base + np.uint64(k)
                 e_out[i] = _v(x, e, i) - zero
         return
+    ratio24 = ratio * _F64_2P24
     z = weyl_cpu(key, base)
     for k in range(hi - lo):
-        u = uniform01_weyl_cpu(z)
+        r = bits24_weyl_cpu(z)
         z += U64_GOLDEN
         i = base + np.uint64(k)
         v = _v(x, e, i)
-        q = min(np.int64(abs(np.float64(v)) * ratio + u), levels)
+        y = abs(np.float64(v)) * ratio24 + np.float64(r)
+        q = min(np.int64(y) >> 24, levels)
         c = -q if v < 0 else q
         codes[k] = c
         if e_out is not None:

@@ -75,6 +75,15 @@ def weyl(key, i):
     return key + (i + U64_ONE) * U64_GOLDEN
 
 
+def bits24_weyl(z):
+    """The top 24 bits of ``mix64(z)`` for the counter ``z = weyl(key, i)``:
+    ``uniform01(key, i) * 2**24``, an integer in ``[0, 2**24)`` (uint64)."""
+    z = (z ^ (z >> U64_30)) * U64_C1
+    z = (z ^ (z >> U64_27)) * U64_C2
+    z = z ^ (z >> U64_31)
+    return z >> U64_40
+
+
 def uniform01_weyl(z):
     """:func:`uniform01` from the counter ``z = weyl(key, i)``: the same float32."""
     z = (z ^ (z >> U64_30)) * U64_C1
@@ -87,6 +96,7 @@ hash_index_cpu = njit(cache=True, inline="always")(hash_index)
 uniform01_cpu = njit(cache=True, inline="always")(uniform01)
 weyl_cpu = njit(cache=True, inline="always")(weyl)
 uniform01_weyl_cpu = njit(cache=True, inline="always")(uniform01_weyl)
+bits24_weyl_cpu = njit(cache=True, inline="always")(bits24_weyl)
 
 
 @njit(cache=True)
