@@ -899,7 +899,8 @@ def _bucket_scale(x, e, lo, hi, use_max, acc):
     g = ROWS * LANES
     rows = (body - full) // LANES
     lanes = acc[:LANES]
-    lanes[:] = 0.0
+    for k in range(LANES):
+        lanes[k] = 0.0
     if use_max:
         nan = False
         for r0 in range(0, full, g):
@@ -999,21 +1000,25 @@ def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
     (``x`` for ``e=None``).
 
     Walks ``[0, n)`` in blocks of :data:`BLOCK` codes (packed at the end of
-    each block) and, within them, bucket by bucket.  When a bucket starts,
-    its scale is taken (a streaming pass over ``x`` and ``e``; with
-    ``rcodes``, the owner, ``decoded`` -- which is ``x`` -- first gets the
-    rank-order sum of the received packets up to the bucket's end, a block
-    at a time); each piece of the bucket then gets its codes, ``e_out = v -
-    decode`` and ``decoded = decode`` (those given): a second look at ``x``
-    and ``e`` that hits cache unless the bucket is larger than the cache.
-    Returns the number of non-finite ``v``."""
+    each block) and, within them, bucket by bucket.  When bucket ``j``
+    starts, the scale of bucket ``j + 1`` is taken (a streaming pass over
+    ``x`` and ``e``; with ``rcodes``, the owner, ``decoded`` -- which is
+    ``x`` -- first gets the rank-order sum of the received packets up to that
+    bucket's end, a block at a time); bucket ``j``, whose scale is known since
+    the previous bucket, then gets its codes, ``e_out = v - decode`` and
+    ``decoded = decode`` (those given) -- a second look at ``x`` and ``e``
+    that hits cache unless buckets are larger than the cache.  The lookahead
+    keeps the scale's latency (lane sums, square root, division) off the code
+    loop's path.  Returns the number of non-finite ``v``."""
     n = x.size
     acc = np.zeros(2 * LANES)
     codes = np.empty(BLOCK, dtype=np.int8)
     tmp = np.empty(BLOCK, dtype=np.int8)
     key = key + np.uint64(offset) * U64_GOLDEN
+    nb = scales.size
     bad = 0
-    formed = 0
+    formed = 0          # the owner's sum is formed up to here
+    known = 0           # scales[:known] are taken
     j = 0
     bucket_end = 0
     ratio = 0.0
@@ -1023,19 +1028,22 @@ def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
         i = blo
         while i < bhi:
             if i == bucket_end:
-                lo = i
-                bucket_end = min(lo + bucket, n)
-                if rcodes is not None:
-                    while formed < bucket_end:
-                        fhi = min(formed + BLOCK, n)
-                        _decode_sum_range(rcodes, rbits, rbucket, rlevels, rscales, formed, fhi,
-                                          tmp, decoded[formed:fhi])
-                        formed = fhi
-                scale, b = _bucket_scale(x, e, lo, bucket_end, use_max, acc)
-                bad += b
-                scales[j] = scale
-                ratio = _ratio(scale, levels)
-                unit = np.float64(scale) / levels
+                while known < min(j + 2, nb):
+                    lo = known * bucket
+                    hi = min(lo + bucket, n)
+                    if rcodes is not None:
+                        while formed < hi:
+                            fhi = min(formed + BLOCK, n)
+                            _decode_sum_range(rcodes, rbits, rbucket, rlevels, rscales, formed,
+                                              fhi, tmp, decoded[formed:fhi])
+                            formed = fhi
+                    scale, b = _bucket_scale(x, e, lo, hi, use_max, acc)
+                    scales[known] = scale
+                    bad += b
+                    known += 1
+                bucket_end = min(i + bucket, n)
+                ratio = _ratio(scales[j], levels)
+                unit = np.float64(scales[j]) / levels
                 j += 1
             seg = min(bucket_end, bhi)
             cb = codes[i - blo:seg - blo]
