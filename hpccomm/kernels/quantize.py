@@ -39,6 +39,7 @@ host.
 import numpy as np
 from numba import njit
 
+from .prefetch import prefetch_ahead
 from .rng import U64_GOLDEN, bits24_weyl_cpu, uniform01_weyl_cpu, weyl_cpu
 
 #: float64 partial sums per reduction (see the module docstring)
@@ -723,6 +724,7 @@ def _tern_moments(x, e, lo, hi, x0, mx, acc):
     full, body = _row_split(hi - lo)
     g = ROWS * LANES
     for r0 in range(0, full, g):
+        prefetch_ahead(x, e, lo + r0, lo + r0 + g)
         _tern_moment_rows(x, e, lo + r0, ROWS, LANES, x0, mx, acc)
     _tern_moment_rows(x, e, lo + full, (body - full) // LANES, LANES, x0, mx, acc)
     _tern_moment_rows(x, e, lo + body, 1, hi - lo - body, x0, mx, acc)
@@ -904,6 +906,7 @@ def _bucket_scale(x, e, lo, hi, use_max, acc):
     if use_max:
         nan = False
         for r0 in range(0, full, g):
+            prefetch_ahead(x, e, lo + r0, lo + r0 + g)
             nan |= _absmax_rows(x, e, lo + r0, ROWS, LANES, lanes)
         nan |= _absmax_rows(x, e, lo + full, rows, LANES, lanes)
         nan |= _absmax_rows(x, e, lo + body, 1, hi - lo - body, lanes)
@@ -913,6 +916,7 @@ def _bucket_scale(x, e, lo, hi, use_max, acc):
                 _count_nonfinite(x, e, lo, hi)
         return np.float32(top), 0
     for r0 in range(0, full, g):
+        prefetch_ahead(x, e, lo + r0, lo + r0 + g)
         _sumsq_rows(x, e, lo + r0, ROWS, LANES, lanes)
     _sumsq_rows(x, e, lo + full, rows, LANES, lanes)
     _sumsq_rows(x, e, lo + body, 1, hi - lo - body, lanes)
