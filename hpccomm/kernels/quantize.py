@@ -582,33 +582,32 @@ def _pack_block(codes, m, bits, packed, first):
 
 
 @njit(cache=True, inline="always")
-def _unpack_codes(src, m, bits, codes):
-    """Sign-extend ``m`` packed ``bits``-bit codes (``src`` starts at the
-    first one's byte) into the int8 scratch ``codes``."""
-    per = 8 // bits
-    mask = (1 << bits) - 1
-    half = 1 << (bits - 1)
-    full = m // per
-    for j in range(full):
-        b = np.int64(src[j])
-        for k in range(per):
-            codes[j * per + k] = (((b >> (k * bits)) & mask) ^ half) - half
-    if full * per < m:
-        b = np.int64(src[full])
-        for k in range(m - full * per):
-            codes[full * per + k] = (((b >> (k * bits)) & mask) ^ half) - half
-
-
-@njit(cache=True, inline="always")
 def _unpack_block(packed, first, m, bits, codes):
-    # literal bit widths let the compiler unroll and vectorize each case
+    """Sign-extend ``m`` packed ``bits``-bit codes (the first one at byte
+    ``first`` of ``packed``) into the int8 scratch ``codes`` (a multiple of
+    4 long; up to 3 entries past ``m`` are written).  Each packed byte is
+    spread into a uint16 / uint32 word of the scratch, one code per byte
+    (little-endian), and sign-extended in all bytes at once: with ``y = c ^
+    h`` (``h = 2**(bits - 1)``) in every byte, ``(y + 0x80 - h) ^ 0x80`` is
+    ``y - h`` modulo 256 and never carries into the next byte."""
     src = packed[first:first + ((m * bits + 7) >> 3)]
     if bits == 2:
-        _unpack_codes(src, m, 2, codes)
+        quads = codes.view(np.uint32)
+        for j in range(src.size):
+            b = np.uint32(src[j])
+            w = (b & np.uint32(0x03)) | ((b & np.uint32(0x0C)) << np.uint32(6)) \
+                | ((b & np.uint32(0x30)) << np.uint32(12)) | ((b & np.uint32(0xC0)) << np.uint32(18))
+            quads[j] = ((w ^ np.uint32(0x02020202)) + np.uint32(0x7E7E7E7E)) ^ np.uint32(0x80808080)
     elif bits == 4:
-        _unpack_codes(src, m, 4, codes)
+        pairs = codes.view(np.uint16)
+        for j in range(src.size):
+            b = np.uint16(src[j])
+            w = (b & np.uint16(0x0F)) | ((b & np.uint16(0xF0)) << np.uint16(4))
+            pairs[j] = ((w ^ np.uint16(0x0808)) + np.uint16(0x7878)) ^ np.uint16(0x8080)
     else:
-        _unpack_codes(src, m, 8, codes)
+        raw = codes.view(np.uint8)
+        for j in range(src.size):
+            raw[j] = src[j]
 
 
 @njit(cache=True, inline="always")
