@@ -757,7 +757,12 @@ FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097
          ("threshold", {"alpha": 0.5, "max_ratio": 0.01}),   # the cap cuts
          ("adaptive", {}), ("adaptive", {"proportion": 4, "col_len": 100}),
          ("adaptive", {"proportion": 2, "col_len": 37, "excess": 1}),   # sides cut to cap
-         ("adaptive", {"col_len": 1 << 16})]
+         ("adaptive", {"col_len": 1 << 16}),
+         ("terngrad", {}), ("terngrad", {"clip": None}),
+         ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 512, "norm": "max"}),
+         ("qsgd", {"bits": 8, "bucket": 100}), ("qsgd", {"bits": 2, "bucket": 7}),
+         ("qsgd", {"bits": 4, "bucket": 7, "norm": "max"}),
+         ("qsgd", {"bits": 8, "bucket": 5000, "norm": "max"})]
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
@@ -785,8 +790,29 @@ def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
     assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
+@pytest.mark.parametrize("name,params", [("terngrad", {}), ("terngrad", {"clip": None}),
+                                         ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 7})])
+@pytest.mark.parametrize("n", [0, 1, 33, 4097 * 3 + 5])
+@pytest.mark.parametrize("has_e", [False, True])
+def test_stochastic_fused_kernels_draw_with_the_context(name, params, n, has_e):
+    """The fused kernels of the stochastic codecs at a nonzero seed, rank,
+    step and offset: the same draws as encode."""
+    codec = hpccomm.get_codec(name, **params)
+    rng = np.random.default_rng(n + 1)
+    x = rng.standard_normal(n).astype(np.float32)
+    e = rng.standard_normal(n).astype(np.float32) * np.float32(0.3) if has_e else None
+    ctx = EncodeContext(seed=9, rank=4, step=6, offset=1001, shape=(n,))
+    e_out = np.full(n, np.nan, np.float32)
+    packet = codec.encode_with_feedback(x, e, e_out, ctx)
+    v = x + e if has_e else x.copy()
+    want = codec.encode(v, ctx)
+    assert packet.tobytes() == want.tobytes()
+    want_e = v - codec.decode(want, np.empty(n, np.float32))
+    assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
+
+
 @pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc", "threshold",
-                                  "adaptive"])
+                                  "adaptive", "terngrad", "qsgd"])
 def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     x = np.arange(10, dtype=np.float32)
     x[7] = np.inf
@@ -845,3 +871,115 @@ def test_codecs_skip_their_scan_only_when_the_caller_checked_the_input():
         with pytest.raises(NonFiniteError, match=re.escape(who)):
             reducer(x, key="k")
 
+
+#: codecs with a fused owner stage (``owner_step``), with layout variants
+OWNER = [("onebit", {}), ("onebit", {"col_len": 7}), ("fp16", {}), ("bf16", {}),
+         ("terngrad", {}), ("terngrad", {"clip": None}),
+         ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 7}),
+         ("qsgd", {"bits": 8, "bucket": 100, "norm": "max"}),
+         ("qsgd", {"bits": 4, "bucket": 5000})]
+
+
+def owner_reference(codec, received, e, m, ctx):
+    """twoshot's owner stage without ``owner_step``: decode-add the packets
+    in rank order into zeros, ``w = acc + e`` (the residual memory's
+    compensate), re-encode, decode, ``e_out = w - decoded``."""
+    acc = np.zeros(m, np.float32)
+    for packet in received:
+        codec.decode_add(packet, acc)
+    w = acc + e if e is not None else acc.copy()
+    packet = codec.reencode(w, ctx)
+    out = codec.decode(packet, np.empty(m, np.float32))
+    with np.errstate(invalid="ignore"):
+        return packet, out, w - out
+
+
+def owner_inputs(name, params, P, m, seed, bad=None):
+    """``P`` packets of chunk ``[5, 5 + m)`` as ranks ``0 .. P - 1`` encode
+    it, once as separate arrays and once as equal slots of one receive
+    buffer (as the all-to-all delivers them: a strided view reaches the
+    kernel), and an owner residual."""
+    codec = hpccomm.get_codec(name, **params, nonfinite="propagate")
+    rng = np.random.default_rng(seed)
+    shape = (m + 9,)
+    packets = []
+    for r in range(P):
+        x = rng.standard_normal(m).astype(np.float32) * np.float32(r + 1)
+        if m > 6:
+            x[:3] = (0.0, -0.0, 1e-40)
+        packets.append(codec.encode(x, EncodeContext(seed=2, rank=r, step=7, offset=5,
+                                                     shape=shape)))
+    size = max(p.size for p in packets) + 3
+    buf = np.zeros(P * size, np.uint8)
+    slots = []
+    for r, p in enumerate(packets):
+        buf[r * size:r * size + p.size] = p
+        slots.append(buf[r * size:r * size + p.size])
+    e = rng.standard_normal(m).astype(np.float32) * np.float32(0.1)
+    if m > 8:
+        e[6:8] = (-0.0, 0.0)
+    if bad is not None and m:
+        e[m // 2] = bad
+    ctx = EncodeContext(seed=2, rank=P + 1, step=7, offset=5, shape=shape)
+    return packets, slots, e, ctx
+
+
+@pytest.mark.parametrize("name,params", OWNER)
+@pytest.mark.parametrize("P", [1, 3])
+@pytest.mark.parametrize("m", [0, 1, 33, 4097 * 3 + 5])
+@pytest.mark.parametrize("mode", ["feedback", "first", "none"])
+def test_owner_step_gives_the_bits_of_the_separate_steps(name, params, P, m, mode):
+    """``owner_step(received, e, e_out, out, ctx)``: the packet, ``out`` and
+    the owner residual ``e_out`` bit for bit as decode-add, compensate,
+    re-encode, decode and subtract -- with a residual, before the first one
+    (``e=None``), and without an owner residual (``e_out=None``); received
+    packets as arrays and as a strided view of one buffer."""
+    codec = hpccomm.get_codec(name, **params)
+    packets, slots, e, ctx = owner_inputs(name, params, P, m, seed=m + P)
+    e = None if mode != "feedback" else e
+    want_packet, want_out, want_e = owner_reference(codec, packets, e, m, ctx)
+    for received in (packets, slots):
+        out = np.full(m, np.nan, np.float32)
+        e_out = None if mode == "none" else np.full(m, np.nan, np.float32)
+        packet = codec.owner_step(received, e, e_out, out, ctx)
+        assert packet.tobytes() == want_packet.tobytes()
+        assert out.view(np.uint32).tolist() == want_out.view(np.uint32).tolist()
+        if e_out is not None:
+            assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
+
+
+@pytest.mark.parametrize("name,params", OWNER)
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_owner_step_nonfinite(name, params, bad):
+    """A non-finite ``w`` raises with the count under ``nonfinite="raise"``
+    and propagates with the bits of the separate steps otherwise."""
+    m = 1000
+    packets, _, e, ctx = owner_inputs(name, params, 2, m, seed=3, bad=bad)
+    with pytest.raises(NonFiniteError, match="1 NaN/Inf"):
+        hpccomm.get_codec(name, **params).owner_step(packets, e, np.empty(m, np.float32),
+                                                     np.empty(m, np.float32), ctx)
+    codec = hpccomm.get_codec(name, **params, nonfinite="propagate")
+    want_packet, want_out, want_e = owner_reference(codec, packets, e, m, ctx)
+    out, e_out = np.empty(m, np.float32), np.empty(m, np.float32)
+    packet = codec.owner_step(packets, e, e_out, out, ctx)
+    assert packet.tobytes() == want_packet.tobytes()
+    assert out.view(np.uint32).tolist() == want_out.view(np.uint32).tolist()
+    assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
+
+
+def test_qsgd_owner_step_takes_the_fields_from_the_packets():
+    """The received packets decode with their own bit width and bucket (here
+    not the owner's); packets of one chunk that disagree are rejected."""
+    m = 3000
+    owner = hpccomm.get_codec("qsgd", bits=4, bucket=512)
+    packets, _, e, ctx = owner_inputs("qsgd", {"bits": 2, "bucket": 100}, 3, m, seed=4)
+    want_packet, want_out, want_e = owner_reference(owner, packets, e, m, ctx)
+    out, e_out = np.empty(m, np.float32), np.empty(m, np.float32)
+    assert owner.owner_step(packets, e, e_out, out, ctx).tobytes() == want_packet.tobytes()
+    assert out.view(np.uint32).tolist() == want_out.view(np.uint32).tolist()
+    assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
+    other, _, _, _ = owner_inputs("qsgd", {"bits": 2, "bucket": 50}, 1, m, seed=4)
+    with pytest.raises(PacketError, match="packets of one chunk"):
+        owner.owner_step(packets[:2] + other, e, e_out, out, ctx)
+    with pytest.raises(PacketError, match="holds 3000 elements"):
+        owner.owner_step(packets, e[:-1], e_out[:-1], out[:-1], ctx)

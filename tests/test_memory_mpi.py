@@ -96,25 +96,25 @@ def test_dgc_memory_equals_dgc_wired_by_hand(algorithm, hand_codec, nesterov):
     assert memory_matches
 
 
-#: codec options of the fused-vs-reference test (adaptive: 32 samples, so the
-#: columns of 4096 and of 1-D chunks are sampled, those of 29 rows are not)
-FUSED_OPTIONS = {"topk": {"ratio": 0.05}, "dgc": {"ratio": 0.05}, "threshold": {"alpha": 1.0},
-                 "threshold-tau": {"tau": 1.0, "max_ratio": 0.1}, "adaptive": {"proportion": 4}}
+#: every codec with a fused kernel, with options
+FUSED = [("onebit", {}), ("fp16", {}), ("bf16", {}), ("topk", {"ratio": 0.05}),
+         ("dgc", {"ratio": 0.05}), ("terngrad", {}), ("terngrad", {"clip": None}),
+         ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 7, "norm": "max"}),
+         ("qsgd", {"bits": 8, "bucket": 100}),
+         ("threshold", {"alpha": 1.0}), ("threshold", {"tau": 1.0, "max_ratio": 0.1}),
+         ("adaptive", {"proportion": 4})]
 
 
 @pytest.mark.parametrize("algorithm", ["twoshot", "allgather"])
 @pytest.mark.parametrize("shape", [(1003,), (37, 29), (5, 4096), (0,), (1,)])
-@pytest.mark.parametrize("codec", ["onebit", "fp16", "bf16", "topk", "dgc", "threshold",
-                                   "threshold-tau", "adaptive"])
+@pytest.mark.parametrize("codec,options", FUSED)
 @pytest.mark.parametrize("ef", [True, False])
-def test_fused_kernels_give_the_reference_bits(codec, algorithm, shape, ef):
+def test_fused_kernels_give_the_reference_bits(codec, options, algorithm, shape, ef):
     """The real fused kernels (worker encode with feedback, and the owner
     steps of twoshot, with and without an owner residual) against
     ``fused=False`` (the three-step
     reference), over steps so that residuals feed back; awkward shapes; the
     signs of zeros included."""
-    options = FUSED_OPTIONS.get(codec, {})
-    codec = codec.split("-")[0]
     got = {}
     for fused in (True, False):
         reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm=algorithm, fused=fused,

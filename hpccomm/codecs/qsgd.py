@@ -48,7 +48,7 @@ from ..errors import PacketError
 from ..kernels import quantize as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_total, scale_array, summed_code_dtype
-from .base import HEADER_SIZE, Codec, register_codec
+from .base import HEADER_SIZE, Codec, payload_rows, register_codec
 
 BITS = (2, 4, 8)
 NORMS = ("l2", "max")
@@ -94,6 +94,10 @@ class QSGDCodec(Codec):
     def wire_size(self, n):
         return _packet_size(n, self.bits, min(self.bucket, max(n, 1)))
 
+    def segment_unit(self, shape):
+        # buckets count from the chunk's start and draws from the global index
+        return self.bucket
+
     @staticmethod
     def _fields(header):
         """``(bits, bucket)`` from a header's ``extra``, validated."""
@@ -113,15 +117,62 @@ class QSGDCodec(Codec):
     def _key(self, ctx):
         return stream_key(ctx.seed, ctx.rank, ctx.step, self.codec_id)
 
-    def _encode(self, x, ctx):
-        n = x.size
+    def _new_packet(self, n):
+        """``(packet, scales, codes, bucket)`` for ``n`` elements: the packet
+        with its header, views of its scale and code fields (every byte is
+        written by the kernels) and the bucket size it uses."""
         bucket = min(self.bucket, max(n, 1))
         nb = -(-n // bucket)
         packet = self.new_packet(_packet_size(n, self.bits, bucket), n,
-                                 extra=bucket | self.bits << 28)
+                                 extra=bucket | self.bits << 28, zeroed=False)
         scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
+        return packet, scales, packet[HEADER_SIZE + 4 * nb:], bucket
+
+    def _encode(self, x, ctx):
+        packet, scales, codes, bucket = self._new_packet(x.size)
         K.qsgd_encode(x, bucket, self.bits, self.levels, self.norm == "max", self._key(ctx),
-                      ctx.offset, scales, packet[HEADER_SIZE + 4 * nb:])
+                      ctx.offset, scales, codes)
+        return packet
+
+    def encode_with_feedback(self, x, e, e_out, ctx):
+        """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out =
+        v - decode(packet)``, reading ``x`` and ``e`` once, bucket by bucket
+        (:func:`~hpccomm.kernels.quantize.qsgd_encode_feedback`); the bits of
+        encode, decode and subtract."""
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
+        packet, scales, codes, bucket = self._new_packet(x.size)
+        bad = K.qsgd_encode_feedback(x, e, bucket, self.bits, self.levels, self.norm == "max",
+                                     self._key(ctx), ctx.offset, scales, codes, e_out)
+        self._raise_nonfinite(bad)
+        return packet
+
+    def owner_step(self, received, e, e_out, out, ctx):
+        """The owner stage of ``twoshot`` in one pass over the chunk
+        (:func:`~hpccomm.kernels.quantize.qsgd_owner_step`): the rank-order sum
+        of the received packets (which must share their bit width and bucket
+        size), ``+ e``, its packet, ``e_out = w - decode(packet)``
+        (``e_out=None``: no owner residual, ``w = acc``) and ``out =
+        decode(packet)``, with the bits of the separate steps.  Returns the
+        packet."""
+        m = out.size
+        fields = None
+        for packet in received:
+            f = self._fields(self.check_packet(packet, out))
+            if fields is None:
+                fields = f
+            elif f != fields:
+                raise PacketError(f"qsgd: packets of one chunk with (bits, bucket) {fields} "
+                                  f"and {f}")
+        rbits, rbucket = fields
+        rnb = -(-m // rbucket)
+        rscales = payload_rows(received, HEADER_SIZE, np.float32, rnb)
+        rcodes = payload_rows(received, HEADER_SIZE + 4 * rnb, np.uint8, -(-(m * rbits) // 8))
+        packet, scales, codes, bucket = self._new_packet(m)
+        bad = K.qsgd_owner_step(rcodes, rscales, rbits, rbucket, 2 ** (rbits - 1) - 1,
+                                None if e_out is None else e, e_out, out,
+                                bucket, self.bits, self.levels, self.norm == "max",
+                                self._key(ctx), ctx.offset, scales, codes)
+        self._raise_nonfinite(bad)
         return packet
 
     def _decode_into(self, packet, header, out, add):

@@ -46,7 +46,7 @@ from ..errors import PacketError
 from ..kernels import quantize as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_total, scale_array, summed_code_dtype
-from .base import HEADER_SIZE, Codec, register_codec
+from .base import HEADER_SIZE, Codec, payload_rows, register_codec
 
 #: payload offset: header + the float32 scale
 CODES_OFFSET = HEADER_SIZE + 4
@@ -88,8 +88,11 @@ class TernGradCodec(Codec):
 
     def scale(self, x: np.ndarray) -> np.float32:
         """The clipping threshold and scaler ``s`` of ``x`` (see above)."""
-        n = x.size
-        maxabs, s1, s2 = K.tern_stats(x)
+        maxabs, s1, s2, _ = K.tern_stats(x)
+        return self._scale_from(x.size, maxabs, s1, s2)
+
+    def _scale_from(self, n, maxabs, s1, s2) -> np.float32:
+        """``s`` from the moments of :func:`~hpccomm.kernels.quantize.tern_stats`."""
         if not (math.isfinite(s1) and math.isfinite(s2)):
             return np.float32(np.nan)
         s = float(maxabs)
@@ -103,11 +106,55 @@ class TernGradCodec(Codec):
     def _key(ctx):
         return stream_key(ctx.seed, ctx.rank, ctx.step, TernGradCodec.codec_id)
 
-    def _encode(self, x, ctx):
-        packet = self.new_packet(self.wire_size(x.size), x.size)
-        s = self.scale(x)
+    def _new_packet(self, n, s):
+        """A packet for ``n`` codes with the scale ``s`` filled in, and its
+        code bytes (every one is written by the kernels)."""
+        packet = self.new_packet(self.wire_size(n), n, zeroed=False)
         packet[HEADER_SIZE:CODES_OFFSET].view(np.float32)[0] = s
-        K.tern_pack(x, self._key(ctx), ctx.offset, s, s, packet[CODES_OFFSET:])
+        return packet, packet[CODES_OFFSET:]
+
+    def _encode(self, x, ctx):
+        s = self.scale(x)
+        packet, codes = self._new_packet(x.size, s)
+        K.tern_pack(x, self._key(ctx), ctx.offset, s, s, codes)
+        return packet
+
+    def encode_with_feedback(self, x, e, e_out, ctx):
+        """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out =
+        v - decode(packet)``, in two passes (the scale needs all of ``v``):
+        the moments of ``v`` (:func:`~hpccomm.kernels.quantize.tern_stats`),
+        then codes, residual and pack block by block
+        (:func:`~hpccomm.kernels.quantize.tern_encode`).  The bits of encode,
+        decode and subtract."""
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
+        n = x.size
+        maxabs, s1, s2, bad = K.tern_stats(x, e)
+        self._raise_nonfinite(bad)
+        s = self._scale_from(n, maxabs, s1, s2)
+        packet, codes = self._new_packet(n, s)
+        K.tern_encode(x, e, self._key(ctx), ctx.offset, s, s, codes, e_out)
+        return packet
+
+    def owner_step(self, received, e, e_out, out, ctx):
+        """The owner stage of ``twoshot`` in two passes over the chunk: the
+        rank-order sum of the received packets into ``out`` and the moments
+        of ``w = acc + e`` (:func:`~hpccomm.kernels.quantize.tern_owner_stats`),
+        then the packet of ``w``, ``e_out = w - decode(packet)`` (``e_out=None``:
+        no owner residual, ``w = acc``) and ``out = decode(packet)``
+        (:func:`~hpccomm.kernels.quantize.tern_encode`).  The bits of
+        decode-add, compensate, re-encode, decode and subtract.  Returns the
+        packet."""
+        m = out.size
+        for packet in received:
+            self.check_packet(packet, out)
+        scales = payload_rows(received, HEADER_SIZE, np.float32, 1)
+        rows = payload_rows(received, CODES_OFFSET, np.uint8, -(-m // 4))
+        e = None if e_out is None else e
+        maxabs, s1, s2, bad = K.tern_owner_stats(rows, scales, e, out)
+        self._raise_nonfinite(bad)
+        s = self._scale_from(m, maxabs, s1, s2)
+        packet, codes = self._new_packet(m, s)
+        K.tern_encode(out, e, self._key(ctx), ctx.offset, s, s, codes, e_out, out)
         return packet
 
     def _decode_into(self, packet, header, out, add):

@@ -45,12 +45,18 @@ import numpy as np
 from numba import njit, prange
 
 from .bitcast import f32_as_u32, u32_as_f32
-from .rng import uniform01_cpu
+from .prefetch import prefetch_ahead
+from .rng import U64_GOLDEN, bits24_weyl_cpu, uniform01_weyl_cpu, weyl_cpu
 
 #: float64 partial sums per reduction (see the module docstring)
 LANES = 32
 #: elements per block of the blocked encoders (a multiple of 32)
 BLOCK = 4096
+#: rows of :data:`LANES` elements per step of the lane sums: the lane loop
+#: then holds ``ROWS`` sequential adds per lane, too large for LLVM to unroll
+#: it fully (numba runs no SLP vectorizer, so a fully unrolled loop stays
+#: scalar) -- it vectorizes across the lanes instead, in the same order
+ROWS = 8
 F32_MAX = float(np.finfo(np.float32).max)
 
 _U0 = np.uint64(0)
@@ -241,7 +247,8 @@ def _half_feedback(x, e, has_e, bf16, bits, e_out):
 
 
 @njit(cache=True)
-def _count_nonfinite(x):
+def _count_nonfinite_values(x):
+    """How many entries of ``x`` are non-finite."""
     bad = 0
     for i in range(x.size):
         v = x[i]
@@ -263,7 +270,7 @@ def half_encode_feedback(x, e, has_e, bf16, bits, e_out):
         nonfinite = _half_feedback(x, e, has_e, True, bits, e_out)
     else:
         nonfinite = _half_feedback(x, e, has_e, False, bits, e_out)
-    return _count_nonfinite(e_out) if nonfinite else 0
+    return _count_nonfinite_values(e_out) if nonfinite else 0
 
 
 @njit(cache=True, inline="always")
@@ -693,52 +700,32 @@ def _pack_block(codes, m, bits, packed, first):
 
 
 @njit(cache=True, inline="always")
-def _unpack_codes(src, m, bits, codes):
-    """Sign-extend ``m`` packed ``bits``-bit codes (``src`` starts at the
-    first one's byte) into the int8 scratch ``codes``."""
-    per = 8 // bits
-    mask = (1 << bits) - 1
-    half = 1 << (bits - 1)
-    full = m // per
-    for j in range(full):
-        b = np.int64(src[j])
-        for k in range(per):
-            codes[j * per + k] = (((b >> (k * bits)) & mask) ^ half) - half
-    if full * per < m:
-        b = np.int64(src[full])
-        for k in range(m - full * per):
-            codes[full * per + k] = (((b >> (k * bits)) & mask) ^ half) - half
-
-
-@njit(cache=True, inline="always")
 def _unpack_block(packed, first, m, bits, codes):
-    # literal bit widths let the compiler unroll and vectorize each case
+    """Sign-extend ``m`` packed ``bits``-bit codes (the first one at byte
+    ``first`` of ``packed``) into the int8 scratch ``codes`` (a multiple of
+    4 long; up to 3 entries past ``m`` are written).  Each packed byte is
+    spread into a uint16 / uint32 word of the scratch, one code per byte
+    (little-endian), and sign-extended in all bytes at once: with ``y = c ^
+    h`` (``h = 2**(bits - 1)``) in every byte, ``(y + 0x80 - h) ^ 0x80`` is
+    ``y - h`` modulo 256 and never carries into the next byte."""
     src = packed[first:first + ((m * bits + 7) >> 3)]
     if bits == 2:
-        _unpack_codes(src, m, 2, codes)
+        quads = codes.view(np.uint32)
+        for j in range(src.size):
+            b = np.uint32(src[j])
+            w = (b & np.uint32(0x03)) | ((b & np.uint32(0x0C)) << np.uint32(6)) \
+                | ((b & np.uint32(0x30)) << np.uint32(12)) | ((b & np.uint32(0xC0)) << np.uint32(18))
+            quads[j] = ((w ^ np.uint32(0x02020202)) + np.uint32(0x7E7E7E7E)) ^ np.uint32(0x80808080)
     elif bits == 4:
-        _unpack_codes(src, m, 4, codes)
+        pairs = codes.view(np.uint16)
+        for j in range(src.size):
+            b = np.uint16(src[j])
+            w = (b & np.uint16(0x0F)) | ((b & np.uint16(0xF0)) << np.uint16(4))
+            pairs[j] = ((w ^ np.uint16(0x0808)) + np.uint16(0x7878)) ^ np.uint16(0x8080)
     else:
-        _unpack_codes(src, m, 8, codes)
-
-
-@njit(cache=True)
-def codes_decode(packed, bits, bucket, levels, scales, out, add):
-    """Dense values of packed ``bits``-bit codes: element ``i`` of bucket
-    ``j = i // bucket`` decodes to ``float32(q_i * (float64(scales[j]) / levels))``;
-    ``add``: ``out +=``."""
-    n = out.size
-    codes = np.empty(BLOCK, dtype=np.int8)
-    for blo in range(0, n, BLOCK):
-        bhi = min(blo + BLOCK, n)
-        _unpack_block(packed, (blo * bits) >> 3, bhi - blo, bits, codes)
-        i = blo
-        while i < bhi:
-            j = i // bucket
-            seg = min((j + 1) * bucket, bhi)
-            _scale_codes(codes[i - blo:seg - blo], np.float64(scales[j]) / levels,
-                         out[i:seg], add)
-            i = seg
+        raw = codes.view(np.uint8)
+        for j in range(src.size):
+            raw[j] = src[j]
 
 
 @njit(cache=True, inline="always")
@@ -751,6 +738,46 @@ def _scale_codes(codes, unit, out, add):
             out[k] = np.float32(codes[k] * unit)
 
 
+@njit(cache=True, inline="always")
+def _decode_range(packed, bits, bucket, levels, scales, lo, hi, codes, ob, add):
+    """Elements ``lo .. hi - 1`` of a packet's codes (``lo`` starts a byte),
+    decoded into ``ob`` (``hi - lo`` long; ``add``: ``ob +=``) through the int8
+    scratch ``codes``: one bucket's piece at a time."""
+    _unpack_block(packed, (lo * bits) >> 3, hi - lo, bits, codes)
+    i = lo
+    while i < hi:
+        j = i // bucket
+        seg = min((j + 1) * bucket, hi)
+        _scale_codes(codes[i - lo:seg - lo], np.float64(scales[j]) / levels,
+                     ob[i - lo:seg - lo], add)
+        i = seg
+
+
+@njit(cache=True)
+def codes_decode(packed, bits, bucket, levels, scales, out, add):
+    """Dense values of packed ``bits``-bit codes: element ``i`` of bucket
+    ``j = i // bucket`` decodes to ``float32(q_i * (float64(scales[j]) / levels))``;
+    ``add``: ``out +=``."""
+    n = out.size
+    codes = np.empty(BLOCK, dtype=np.int8)
+    for blo in range(0, n, BLOCK):
+        bhi = min(blo + BLOCK, n)
+        _decode_range(packed, bits, bucket, levels, scales, blo, bhi, codes, out[blo:bhi],
+                      add)
+
+
+@njit(cache=True, inline="always")
+def _decode_sum_range(rcodes, bits, bucket, levels, rscales, lo, hi, codes, ab):
+    """``ab = 0 + decode(packet 0) + decode(packet 1) + ...`` over elements
+    ``lo .. hi - 1``, in packet order: the bits of zeroing and adding each
+    packet with :func:`codes_decode`.  Row ``src`` of ``rcodes`` / ``rscales``
+    holds packet ``src``'s codes / scales."""
+    for k in range(ab.size):
+        ab[k] = 0.0
+    for src in range(rcodes.shape[0]):
+        _decode_range(rcodes[src], bits, bucket, levels, rscales[src], lo, hi, codes, ab, True)
+
+
 @njit(cache=True)
 def summed_decode(total, bucket, levels, scales, out, add):
     """Like :func:`codes_decode` for unpacked integer codes (or sums of them)."""
@@ -761,44 +788,153 @@ def summed_decode(total, bucket, levels, scales, out, add):
         _scale_codes(total[lo:hi], np.float64(scales[j]) / levels, out[lo:hi], add)
 
 
+@njit(cache=True, inline="always")
+def _v(x, e, i):
+    """``v = x[i] + e[i]`` in float32, or ``x[i]`` for ``e=None`` (``i``
+    uint64: no wraparound checks).  The optional operands of the kernels
+    below are None or arrays, never an optional type, so that numba drops
+    the unused branch."""
+    if e is None:
+        return x[i]
+    return x[i] + e[i]
+
+
+@njit(cache=True, inline="always")
+def _row_split(m):
+    """How the lane sums walk ``m`` elements: ``(full, body)`` -- groups of
+    :data:`ROWS` rows of :data:`LANES` up to ``full``, then whole rows up to
+    ``body``, then a partial row."""
+    return m - m % (ROWS * LANES), m - m % LANES
+
+
 # ---------------------------------------------------------------------------
 # terngrad
 # ---------------------------------------------------------------------------
+@njit(cache=True, inline="always")
+def _tern_moment_rows(x, e, lo, rows, lanes, x0, mx, acc):
+    """:func:`_tern_moments` of ``rows`` rows of ``lanes`` elements (rows of
+    :data:`LANES`) from ``lo``."""
+    base = np.uint64(lo)
+    for k in range(lanes):
+        a_max = mx[k]
+        s1 = acc[k]
+        s2 = acc[LANES + k]
+        for r in range(rows):
+            v = _v(x, e, base + np.uint64(r * LANES + k))
+            a = abs(v)
+            a_max = a if a > a_max else a_max
+            d = np.float64(v) - x0
+            s1 += d
+            s2 += d * d
+        mx[k] = a_max
+        acc[k] = s1
+        acc[LANES + k] = s2
+
+
+@njit(cache=True, inline="always")
+def _tern_moments(x, e, lo, hi, x0, mx, acc):
+    """Add ``v = x + e`` (``x`` for ``e=None``) over ``[lo, hi)`` (``lo`` a
+    multiple of :data:`LANES`) to the lanes of ``max |v|`` (``mx``, float32)
+    and of ``v - x0`` and ``(v - x0)**2`` (``acc``, float64), each lane in
+    index order; :data:`ROWS` rows at a time so that the lane loop
+    vectorizes."""
+    full, body = _row_split(hi - lo)
+    g = ROWS * LANES
+    for r0 in range(0, full, g):
+        prefetch_ahead(x, e, lo + r0, lo + r0 + g)
+        _tern_moment_rows(x, e, lo + r0, ROWS, LANES, x0, mx, acc)
+    _tern_moment_rows(x, e, lo + full, (body - full) // LANES, LANES, x0, mx, acc)
+    _tern_moment_rows(x, e, lo + body, 1, hi - lo - body, x0, mx, acc)
+
+
 @njit(cache=True)
-def tern_stats(x):
-    """``(max|x|, S1, S2)``: ``S1 = sum(x - x[0])`` and ``S2 = sum((x - x[0])**2)``
-    in float64 lanes (shifted sums: exactly zero variance for constant input).
-    A NaN anywhere makes ``S1`` NaN; ``max|x|`` ignores NaN."""
+def _count_nonfinite(x, e, lo, hi):
+    """How many ``v = x + e`` (``x`` for ``e=None``) over ``[lo, hi)`` are
+    non-finite (``v - v`` is NaN exactly for inf and NaN).  Kernels whose
+    sums turn non-finite exactly when some ``v`` is call it only then."""
+    bad = 0
+    for k in range(hi - lo):
+        v = _v(x, e, np.uint64(lo + k))
+        bad += (v - v) != 0
+    return bad
+
+
+@njit(cache=True)
+def tern_stats(x, e=None):
+    """``(max|v|, S1, S2, bad)`` of ``v = x + e`` (``v = x`` for ``e=None``):
+    ``S1 = sum(v - v[0])`` and ``S2 = sum((v - v[0])**2)`` in float64 lanes
+    (shifted sums: exactly zero variance for constant input) and ``bad``, the
+    number of non-finite ``v``.  A NaN anywhere makes ``S1`` NaN; ``max|v|``
+    ignores NaN.  One streaming pass over ``x`` and ``e`` (and a count only
+    when ``S1`` or ``S2`` is not finite: float32 values cannot overflow the
+    float64 sums, so they are finite exactly when every ``v`` is)."""
     n = x.size
     if n == 0:
-        return np.float32(0.0), 0.0, 0.0
-    x0 = np.float64(x[0])
+        return np.float32(0.0), 0.0, 0.0, 0
     mx = np.zeros(LANES, dtype=np.float32)
     acc = np.zeros(2 * LANES)
-    body = n - n % LANES
-    for w in range(body // LANES):
-        i0 = w * LANES
-        for k in range(LANES):
-            v = x[i0 + k]
-            a = abs(v)
-            mx[k] = a if a > mx[k] else mx[k]
-            d = np.float64(v) - x0
-            acc[k] += d
-            acc[LANES + k] += d * d
-    for k in range(n - body):
-        v = x[body + k]
-        a = abs(v)
-        mx[k] = a if a > mx[k] else mx[k]
-        d = np.float64(v) - x0
-        acc[k] += d
-        acc[LANES + k] += d * d
-    return mx.max(), _lane_total(acc, 0), _lane_total(acc, LANES)
+    _tern_moments(x, e, 0, n, np.float64(_v(x, e, _U0)), mx, acc)
+    s1 = _lane_total(acc, 0)
+    s2 = _lane_total(acc, LANES)
+    bad = 0 if np.isfinite(s1) and np.isfinite(s2) else _count_nonfinite(x, e, 0, n)
+    return mx.max(), s1, s2, bad
+
+
+@njit(cache=True)
+def tern_owner_stats(rcodes, rscales, e, out):
+    """Pass 1 of TernGrad's owner step: ``out = 0 + decode(packet 0) +
+    decode(packet 1) + ...`` in packet order (row ``src`` of ``rcodes``: a
+    packet's 2-bit codes, ``rscales[src, 0]`` its scale) and
+    :func:`tern_stats` of ``w = out + e`` (``out`` for ``e=None``), a block
+    at a time."""
+    n = out.size
+    if n == 0:
+        return np.float32(0.0), 0.0, 0.0, 0
+    codes = np.empty(BLOCK, dtype=np.int8)
+    mx = np.zeros(LANES, dtype=np.float32)
+    acc = np.zeros(2 * LANES)
+    x0 = 0.0
+    for blo in range(0, n, BLOCK):
+        bhi = min(blo + BLOCK, n)
+        _decode_sum_range(rcodes, 2, n, 1, rscales, blo, bhi, codes, out[blo:bhi])
+        if blo == 0:
+            x0 = np.float64(_v(out, e, _U0))
+        _tern_moments(out, e, blo, bhi, x0, mx, acc)
+    s1 = _lane_total(acc, 0)
+    s2 = _lane_total(acc, LANES)
+    bad = 0 if np.isfinite(s1) and np.isfinite(s2) else _count_nonfinite(out, e, 0, n)
+    return mx.max(), s1, s2, bad
 
 
 @njit(cache=True, inline="always")
 def _tern_code(v, u, scale, clip):
-    sign = np.int64(v > 0) - np.int64(v < 0)
-    return sign if u * scale < min(abs(v), clip) else 0
+    """The ternary code as a float32 in {-1, 0, 1}: ``sign(v)`` if ``u * scale
+    < min(|v|, clip)`` else 0.  Branch-free, in float32 lanes: a kept ``v`` is
+    neither zero nor NaN (``u * scale >= 0``), so its sign is ``v < 0``."""
+    t = np.float32(1.0) - np.float32(2.0) * np.float32(v < 0)
+    return t if u * scale < min(abs(v), clip) else np.float32(0.0)
+
+
+@njit(cache=True, inline="always")
+def _tern_block(x, e, e_out, lo, hi, key, scale, clip, codes):
+    """``codes[i - lo]`` for ``i`` in ``[lo, hi)``: the ternary code (see
+    :func:`tern_codes`) of ``v = x[i] + e[i]`` (``x[i]`` for ``e=None``) drawn
+    with ``uniform01(key, i)``; with ``e_out``, ``e_out[i] = v - t * scale``
+    in float32 -- exactly ``v - float32(t * float64(scale))``, the decoded
+    value for ``t`` in {-1, 0, 1}.  One branch-free loop that streams its
+    operands: the hash in 64-bit lanes (the counter advanced by addition),
+    the rest in float32 lanes."""
+    base = np.uint64(lo)
+    z = weyl_cpu(key, base)
+    for k in range(hi - lo):
+        u = uniform01_weyl_cpu(z)
+        z += U64_GOLDEN
+        i = base + np.uint64(k)
+        v = _v(x, e, i)
+        t = _tern_code(v, u, scale, clip)
+        codes[k] = np.int32(t)
+        if e_out is not None:
+            e_out[i] = v - t * scale
 
 
 @njit(cache=True)
@@ -806,62 +942,107 @@ def tern_codes(x, key, offset, scale, clip, codes):
     """Stochastic ternary codes, one per element of ``codes`` (any integer
     dtype): ``sign(x_i)`` if ``u_i * scale < min(|x_i|, clip)`` else 0, in
     float32 arithmetic."""
-    base = np.uint64(offset)
-    for i in range(x.size):
-        u = uniform01_cpu(key, base + np.uint64(i))
-        codes[i] = _tern_code(x[i], u, scale, clip)
+    _tern_block(x, None, None, 0, x.size, key + np.uint64(offset) * U64_GOLDEN, scale, clip,
+                codes)
+
+
+@njit(cache=True)
+def tern_encode(x, e, key, offset, scale, clip, packed, e_out=None, decoded=None):
+    """The codes of :func:`tern_codes` for ``v = x + e`` (``v = x`` for
+    ``e=None``), 2-bit packed into ``packed`` (``ceil(n / 4)`` bytes); with
+    ``e_out``, ``e_out = v - decode``; with ``decoded``, ``decoded = decode``
+    (it may be ``x`` itself: each block is read before it is written).  A
+    block of :data:`BLOCK` at a time: codes and residual in one streaming
+    loop (:func:`_tern_block`), the decoded values, the pack."""
+    n = x.size
+    codes = np.empty(BLOCK, dtype=np.int8)
+    key = key + np.uint64(offset) * U64_GOLDEN
+    for blo in range(0, n, BLOCK):
+        bhi = min(blo + BLOCK, n)
+        m = bhi - blo
+        _tern_block(x, e, e_out, blo, bhi, key, scale, clip, codes)
+        if decoded is not None:
+            db = decoded[blo:bhi]
+            for k in range(m):
+                db[k] = np.float32(codes[k]) * scale
+        _pack_block(codes, m, 2, packed, blo >> 2)
 
 
 @njit(cache=True)
 def tern_pack(x, key, offset, scale, clip, packed):
     """The codes of :func:`tern_codes`, 2-bit packed into ``packed``
     (``ceil(n / 4)`` bytes)."""
-    n = x.size
-    codes = np.empty(BLOCK, dtype=np.int8)
-    for lo in range(0, n, BLOCK):
-        m = min(BLOCK, n - lo)
-        tern_codes(x[lo:lo + m], key, offset + lo, scale, clip, codes)
-        _pack_block(codes, m, 2, packed, lo >> 2)
+    tern_encode(x, None, key, offset, scale, clip, packed)
 
 
 # ---------------------------------------------------------------------------
 # qsgd
 # ---------------------------------------------------------------------------
 @njit(cache=True, inline="always")
-def _bucket_scale(xb, use_max, acc):
-    """float32 scale of one bucket: max |x| (NaN if any NaN), or the l2 norm
-    from float64 lane sums of squares, rounded once (finite norms beyond the
-    float32 range saturate to its maximum).  ``acc``: 2 LANES float64 scratch."""
-    m = xb.size
-    body = m - m % LANES
+def _sumsq_rows(x, e, lo, rows, lanes, acc):
+    base = np.uint64(lo)
+    for k in range(lanes):
+        a = acc[k]
+        for r in range(rows):
+            w = np.float64(_v(x, e, base + np.uint64(r * LANES + k)))
+            a += w * w
+        acc[k] = a
+
+
+@njit(cache=True, inline="always")
+def _absmax_rows(x, e, lo, rows, lanes, mx):
+    """Lane maxima of ``|v|`` (NaN ignored); returns whether a NaN was seen."""
+    base = np.uint64(lo)
+    nan = False
+    for k in range(lanes):
+        a_max = mx[k]
+        for r in range(rows):
+            a = np.float64(abs(_v(x, e, base + np.uint64(r * LANES + k))))
+            a_max = a if a > a_max else a_max
+            nan |= a != a
+        mx[k] = a_max
+    return nan
+
+
+@njit(cache=True)
+def _bucket_scale(x, e, lo, hi, use_max, acc):
+    """``(scale, bad)`` of the bucket ``[lo, hi)`` of ``v = x + e`` (``x`` for
+    ``e=None``): the float32 scale -- max |v| (NaN if any NaN), or the l2
+    norm from float64 lane sums of squares, rounded once (finite norms beyond
+    the float32 range saturate to its maximum) -- and how many ``v`` are
+    non-finite (counted only when the max or the sum of squares is not
+    finite or a NaN was seen).  Lane ``k`` takes the elements ``i - lo = k
+    mod LANES`` in index order, :data:`ROWS` rows at a time so that the lane
+    loop vectorizes.  ``acc``: 2 LANES float64 scratch."""
+    full, body = _row_split(hi - lo)
+    g = ROWS * LANES
+    rows = (body - full) // LANES
+    lanes = acc[:LANES]
+    for k in range(LANES):
+        lanes[k] = 0.0
     if use_max:
-        mx = acc[:LANES]
-        mx[:] = 0.0
-        nan = 0
-        for w in range(body // LANES):
-            i0 = w * LANES
-            for k in range(LANES):
-                a = np.float64(abs(xb[i0 + k]))
-                mx[k] = a if a > mx[k] else mx[k]
-                nan |= np.int64(a != a)
-        for k in range(m - body):
-            a = np.float64(abs(xb[body + k]))
-            mx[k] = a if a > mx[k] else mx[k]
-            nan |= np.int64(a != a)
-        return np.float32(np.nan) if nan else np.float32(mx.max())
-    acc[:LANES] = 0.0
-    for w in range(body // LANES):
-        i0 = w * LANES
-        for k in range(LANES):
-            v = np.float64(xb[i0 + k])
-            acc[k] += v * v
-    for k in range(m - body):
-        v = np.float64(xb[body + k])
-        acc[k] += v * v
-    r = np.sqrt(_lane_total(acc, 0))
+        nan = False
+        for r0 in range(0, full, g):
+            prefetch_ahead(x, e, lo + r0, lo + r0 + g)
+            nan |= _absmax_rows(x, e, lo + r0, ROWS, LANES, lanes)
+        nan |= _absmax_rows(x, e, lo + full, rows, LANES, lanes)
+        nan |= _absmax_rows(x, e, lo + body, 1, hi - lo - body, lanes)
+        top = lanes.max()
+        if nan or not np.isfinite(top):
+            return (np.float32(np.nan) if nan else np.float32(top)), \
+                _count_nonfinite(x, e, lo, hi)
+        return np.float32(top), 0
+    for r0 in range(0, full, g):
+        prefetch_ahead(x, e, lo + r0, lo + r0 + g)
+        _sumsq_rows(x, e, lo + r0, ROWS, LANES, lanes)
+    _sumsq_rows(x, e, lo + full, rows, LANES, lanes)
+    _sumsq_rows(x, e, lo + body, 1, hi - lo - body, lanes)
+    ss = _lane_total(acc, 0)
+    bad = 0 if np.isfinite(ss) else _count_nonfinite(x, e, lo, hi)
+    r = np.sqrt(ss)
     if r > F32_MAX and r < np.inf:
         r = F32_MAX
-    return np.float32(r)
+    return np.float32(r), bad
 
 
 @njit(cache=True)
@@ -871,7 +1052,7 @@ def bucket_scales(x, bucket, use_max, scales):
     acc = np.zeros(2 * LANES)
     for j in range(scales.size):
         lo = j * bucket
-        scales[j] = _bucket_scale(x[lo:min(lo + bucket, n)], use_max, acc)
+        scales[j] = _bucket_scale(x, None, lo, min(lo + bucket, n), use_max, acc)[0]
 
 
 @njit(cache=True, inline="always")
@@ -882,44 +1063,152 @@ def _ratio(scale, levels):
     return 0.0
 
 
+#: ``2**24``: :func:`_qsgd_block` works on ``a + u`` scaled by it
+_F64_2P24 = float(1 << 24)
+
+
+@njit(cache=True, inline="always")
+def _qsgd_block(x, e, e_out, lo, hi, key, ratio, unit, levels, codes):
+    """``codes[i - lo]`` for ``i`` in ``[lo, hi)``: the QSGD code (see
+    :func:`qsgd_codes`) of ``v = x[i] + e[i]`` (``x[i]`` for ``e=None``) drawn
+    with ``uniform01(key, i)``; ``ratio == 0`` (a zero or non-finite scale)
+    gives zero codes without drawing.  With ``e_out``, ``e_out[i] = v -
+    float32(code * unit)``, the residual of the decoded value.  One
+    branch-free loop that streams its operands.
+
+    ``floor(a + u)`` is taken as ``floor(y) >> 24`` with ``y = |v| (ratio
+    2**24) + r``, ``r = u 2**24`` the 24 random bits: scaling by a power of
+    two commutes with float64 rounding here (``ratio`` is at most ``127 /
+    2**-149``, ``|v| ratio`` at least ``2**-149 / 3.4e38``: no overflow, no
+    subnormal), so ``y = 2**24 fl(a + u)`` exactly, and ``y >= 0``."""
+    base = np.uint64(lo)
+    if ratio == 0.0:
+        zero = np.float32(0.0 * unit)
+        for k in range(hi - lo):
+            codes[k] = 0
+            if e_out is not None:
+                i = base + np.uint64(k)
+                e_out[i] = _v(x, e, i) - zero
+        return
+    ratio24 = ratio * _F64_2P24
+    z = weyl_cpu(key, base)
+    for k in range(hi - lo):
+        r = bits24_weyl_cpu(z)
+        z += U64_GOLDEN
+        i = base + np.uint64(k)
+        v = _v(x, e, i)
+        y = abs(np.float64(v)) * ratio24 + np.float64(r)
+        q = min(np.int64(y) >> 24, levels)
+        c = -q if v < 0 else q
+        codes[k] = c
+        if e_out is not None:
+            e_out[i] = v - np.float32(c * unit)
+
+
 @njit(cache=True)
 def qsgd_codes(x, key, offset, ratio, levels, codes):
-    """QSGD codes of ``x`` (one bucket, ``ratio = levels / scale``), one per
-    element of ``codes`` (any integer dtype)."""
-    base = np.uint64(offset)
-    for i in range(x.size):
-        u = uniform01_cpu(key, base + np.uint64(i))
-        v = x[i]
-        q = min(np.int64(abs(np.float64(v)) * ratio + u), levels)
-        codes[i] = -q if v < 0 else q
+    """QSGD codes of ``x`` (one bucket, ``ratio = levels / scale``; 0: all
+    zero), one per element of ``codes`` (any integer dtype)."""
+    _qsgd_block(x, None, None, 0, x.size, key + np.uint64(offset) * U64_GOLDEN, ratio, 0.0,
+                levels, codes)
 
 
 @njit(cache=True)
-def qsgd_encode(x, bucket, bits, levels, use_max, key, offset, scales, packed):
-    """QSGD reading ``x`` once: per bucket its scale into ``scales[j]`` (see
-    :func:`_bucket_scale`), then its stochastically rounded codes, ``bits``-bit
-    packed into ``packed`` (``ceil(n bits / 8)`` bytes)."""
+def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
+                 bucket, bits, levels, use_max, key, offset, scales, packed):
+    """The one QSGD encoder (see :func:`qsgd_encode`,
+    :func:`qsgd_encode_feedback` and :func:`qsgd_owner_step`) of ``v = x + e``
+    (``x`` for ``e=None``).
+
+    Walks ``[0, n)`` in blocks of :data:`BLOCK` codes (packed at the end of
+    each block) and, within them, bucket by bucket.  When bucket ``j``
+    starts, the scale of bucket ``j + 1`` is taken (a streaming pass over
+    ``x`` and ``e``; with ``rcodes``, the owner, ``decoded`` -- which is
+    ``x`` -- first gets the rank-order sum of the received packets up to that
+    bucket's end, a block at a time); bucket ``j``, whose scale is known since
+    the previous bucket, then gets its codes, ``e_out = v - decode`` and
+    ``decoded = decode`` (those given) -- a second look at ``x`` and ``e``
+    that hits cache unless buckets are larger than the cache.  The lookahead
+    keeps the scale's latency (lane sums, square root, division) off the code
+    loop's path.  Returns the number of non-finite ``v``."""
     n = x.size
     acc = np.zeros(2 * LANES)
     codes = np.empty(BLOCK, dtype=np.int8)
-    j = 0                       # current bucket
+    tmp = np.empty(BLOCK, dtype=np.int8)
+    key = key + np.uint64(offset) * U64_GOLDEN
+    nb = scales.size
+    bad = 0
+    formed = 0          # the owner's sum is formed up to here
+    known = 0           # scales[:known] are taken
+    j = 0
     bucket_end = 0
     ratio = 0.0
+    unit = 0.0
     for blo in range(0, n, BLOCK):
         bhi = min(blo + BLOCK, n)
         i = blo
         while i < bhi:
             if i == bucket_end:
-                lo = j * bucket
-                bucket_end = min(lo + bucket, n)
-                scale = _bucket_scale(x[lo:bucket_end], use_max, acc)
-                scales[j] = scale
-                ratio = _ratio(scale, levels)
+                while known < min(j + 2, nb):
+                    lo = known * bucket
+                    hi = min(lo + bucket, n)
+                    if rcodes is not None:
+                        while formed < hi:
+                            fhi = min(formed + BLOCK, n)
+                            _decode_sum_range(rcodes, rbits, rbucket, rlevels, rscales, formed,
+                                              fhi, tmp, decoded[formed:fhi])
+                            formed = fhi
+                    scale, b = _bucket_scale(x, e, lo, hi, use_max, acc)
+                    scales[known] = scale
+                    bad += b
+                    known += 1
+                bucket_end = min(i + bucket, n)
+                ratio = _ratio(scales[j], levels)
+                unit = np.float64(scales[j]) / levels
                 j += 1
             seg = min(bucket_end, bhi)
-            qsgd_codes(x[i:seg], key, offset + i, ratio, levels, codes[i - blo:seg - blo])
+            cb = codes[i - blo:seg - blo]
+            _qsgd_block(x, e, e_out, i, seg, key, ratio, unit, levels, cb)
+            if decoded is not None:
+                _scale_codes(cb, unit, decoded[i:seg], False)
             i = seg
         _pack_block(codes, bhi - blo, bits, packed, (blo * bits) >> 3)
+    return bad
+
+
+@njit(cache=True)
+def qsgd_encode(x, bucket, bits, levels, use_max, key, offset, scales, packed):
+    """QSGD of ``x``: per bucket its scale into ``scales[j]`` (see
+    :func:`_bucket_scale`), then its stochastically rounded codes,
+    ``bits``-bit packed into ``packed`` (``ceil(n bits / 8)`` bytes)."""
+    _qsgd_encode(x, None, None, None, None, None, 0, 1, 1,
+                 bucket, bits, levels, use_max, key, offset, scales, packed)
+
+
+@njit(cache=True)
+def qsgd_encode_feedback(x, e, bucket, bits, levels, use_max, key, offset, scales, packed,
+                         e_out):
+    """:func:`qsgd_encode` of ``v = x + e`` (``v = x`` for ``e=None``) and
+    ``e_out = v - decode(packet)``, in one pass over ``x`` and ``e`` (each
+    bucket read twice, the second time from cache) -- the bits of encode,
+    decode and subtract.  Returns the number of non-finite ``v``."""
+    return _qsgd_encode(x, e, e_out, None, None, None, 0, 1, 1,
+                        bucket, bits, levels, use_max, key, offset, scales, packed)
+
+
+@njit(cache=True)
+def qsgd_owner_step(rcodes, rscales, rbits, rbucket, rlevels, e, e_out, out,
+                    bucket, bits, levels, use_max, key, offset, scales, packed):
+    """The owner stage of ``twoshot`` in one pass: ``acc = 0 +
+    decode(packet 0) + decode(packet 1) + ...`` in packet order (rows of
+    ``rcodes`` / ``rscales``: the received packets' codes and scales, all with
+    ``rbits`` bits, ``rlevels`` levels and buckets of ``rbucket``) into
+    ``out``, the packet of ``w = acc + e`` (``acc`` for ``e=None``) into
+    ``scales`` / ``packed``, ``e_out = w - decode(packet)`` (with ``e_out``)
+    and ``out = decode(packet)``.  The bits of decode-add, compensate,
+    re-encode, decode and subtract.  Returns the number of non-finite ``w``."""
+    return _qsgd_encode(out, e, e_out, out, rcodes, rscales, rbits, rbucket, rlevels,
+                        bucket, bits, levels, use_max, key, offset, scales, packed)
 
 
 @njit(cache=True)

@@ -68,8 +68,35 @@ def uniform01(key, i):
     return np.float32(z >> U64_40) * F32_2M24
 
 
+def weyl(key, i):
+    """The counter of element ``i``: ``key + (i + 1) * GOLDEN``.  Element
+    ``i + 1``'s is this ``+ GOLDEN``, so a loop over consecutive elements
+    advances it by one addition (a vector induction variable: no multiply)."""
+    return key + (i + U64_ONE) * U64_GOLDEN
+
+
+def bits24_weyl(z):
+    """The top 24 bits of ``mix64(z)`` for the counter ``z = weyl(key, i)``:
+    ``uniform01(key, i) * 2**24``, an integer in ``[0, 2**24)`` (uint64)."""
+    z = (z ^ (z >> U64_30)) * U64_C1
+    z = (z ^ (z >> U64_27)) * U64_C2
+    z = z ^ (z >> U64_31)
+    return z >> U64_40
+
+
+def uniform01_weyl(z):
+    """:func:`uniform01` from the counter ``z = weyl(key, i)``: the same float32."""
+    z = (z ^ (z >> U64_30)) * U64_C1
+    z = (z ^ (z >> U64_27)) * U64_C2
+    z = z ^ (z >> U64_31)
+    return np.float32(z >> U64_40) * F32_2M24
+
+
 hash_index_cpu = njit(cache=True, inline="always")(hash_index)
 uniform01_cpu = njit(cache=True, inline="always")(uniform01)
+weyl_cpu = njit(cache=True, inline="always")(weyl)
+uniform01_weyl_cpu = njit(cache=True, inline="always")(uniform01_weyl)
+bits24_weyl_cpu = njit(cache=True, inline="always")(bits24_weyl)
 
 
 @njit(cache=True)
