@@ -38,6 +38,34 @@ host.  The fp16 / bf16 conversions are branch-free selects on uint32 bit
 patterns (floats reinterpreted with :mod:`hpccomm.kernels.bitcast`), every
 intermediate cast back to uint32 so that the lanes stay 32 bits wide; numba
 has no float16 conversion in nopython mode.
+
+What makes the loops vectorize (LLVM's loop vectorizer; numba runs no
+SLP vectorizer, so a loop that LLVM unrolls fully stays scalar):
+
+* the random counter ``key + (i + 1) GOLDEN`` is advanced by one addition per
+  element (:func:`~hpccomm.kernels.rng.weyl`), not recomputed with a multiply:
+  the hash (two 64-bit multiplies, ``vpmullq``) is still about half of the
+  vector instructions of TernGrad's and QSGD's code loops;
+* element loops are branch-free (selects, float32 lanes for TernGrad's code,
+  QSGD's ``floor(a + u)`` as an integer shift of ``|v| ratio 2**24 + r``)
+  and read ``x`` and ``e`` straight from memory while they compute, which
+  overlaps memory and arithmetic better than a copy into scratch first;
+* lane sums take :data:`ROWS` rows per step of the lane loop, which LLVM
+  then vectorizes across lanes instead of unrolling it; counts of
+  non-finite values are taken only when a sum comes out non-finite;
+* read-only passes prefetch 4 KiB ahead (:mod:`hpccomm.kernels.prefetch`);
+  QSGD takes each bucket's scale one bucket ahead of its codes, which read
+  the bucket again from cache;
+* the unpacking of ``b``-bit codes spreads bytes into words and
+  sign-extends all their bytes at once.
+
+Measured on one core of the development machine (Sapphire Rapids, 64 MiB of
+float32): encode with error feedback at ~55 % (TernGrad: two passes) and
+~60 % (QSGD) of the memory floor of ``bench codecs`` -- against ~18 % for
+the three steps before -- and the fused owner steps ~4x faster than decode-add,
+compensate, re-encode, decode and subtract.  Only the stores of the residual
+are left to the write-allocate path (non-temporal stores did not survive
+LLVM's vectorizer).
 """
 import math
 
@@ -699,6 +727,11 @@ def _pack_block(codes, m, bits, packed, first):
         packed[first + full] = byte
 
 
+_SPLAT2 = np.uint32(0x02020202)
+_SPLAT_7E = np.uint32(0x7E7E7E7E)
+_SPLAT_80 = np.uint32(0x80808080)
+
+
 @njit(cache=True, inline="always")
 def _unpack_block(packed, first, m, bits, codes):
     """Sign-extend ``m`` packed ``bits``-bit codes (the first one at byte
@@ -714,8 +747,9 @@ def _unpack_block(packed, first, m, bits, codes):
         for j in range(src.size):
             b = np.uint32(src[j])
             w = (b & np.uint32(0x03)) | ((b & np.uint32(0x0C)) << np.uint32(6)) \
-                | ((b & np.uint32(0x30)) << np.uint32(12)) | ((b & np.uint32(0xC0)) << np.uint32(18))
-            quads[j] = ((w ^ np.uint32(0x02020202)) + np.uint32(0x7E7E7E7E)) ^ np.uint32(0x80808080)
+                | ((b & np.uint32(0x30)) << np.uint32(12)) \
+                | ((b & np.uint32(0xC0)) << np.uint32(18))
+            quads[j] = ((w ^ _SPLAT2) + _SPLAT_7E) ^ _SPLAT_80
     elif bits == 4:
         pairs = codes.view(np.uint16)
         for j in range(src.size):
