@@ -28,7 +28,9 @@ to lane ``(i - lo) mod LANES`` -- combined by the fixed pairwise tree of
 :func:`_lane_total`.  The order is fixed, so results depend on the data alone
 (not on threads or on the machine), and the lanes let LLVM vectorize.
 
-Performance notes: the kernels are single-threaded (no ``prange``); encoders
+Performance notes: the kernels run on one thread, except onebit's, which
+have a parallel form over tiles of whole columns (:func:`onebit_encode_tiles`,
+the same bits on any thread count); encoders
 read the input once where the format allows (TernGrad needs its scale first:
 two passes), working block by block through small L1-resident scratch
 arrays.  Hot loops index slices with ``range`` variables, or with uint64, so
