@@ -180,19 +180,19 @@ class Allreducer:
                 raise ValueError(f"out has {obuf.size} {obuf.dtype} elements "
                                  f"({'device' if obuf.on_device else 'host'}), input has "
                                  f"{buf.size} {buf.dtype} ({'device' if buf.on_device else 'host'})")
-        if (self._scans_input(buf) and buf.size
+        defer = self._defers_check(buf)
+        if (self._scans_input(buf, defer) and buf.size
                 and (bad := count_nonfinite(np.ascontiguousarray(buf.host)))):
             raise nonfinite_input(bad, self.codec.name)
-        return buf, obuf
+        return buf, obuf, defer
 
-    def _scans_input(self, buf: Buffer) -> bool:
+    def _scans_input(self, buf: Buffer, deferred: bool) -> bool:
         """Whether this call scans ``buf`` for NaN/Inf before the collective
         agreement (so the error is raised on every rank; the codecs then skip
         their own scan of the same data) -- unless the check is deferred to
         the encode, which counts them in its one pass (:meth:`_defers_check`)."""
         return (self.codec.nonfinite == "raise" and self.check == "always"
-                and not buf.on_device and buf.dtype != "bfloat16"
-                and not self._defers_check(buf))
+                and not buf.on_device and buf.dtype != "bfloat16" and not deferred)
 
     def _defers_check(self, buf: Buffer) -> bool:
         """Whether the cross-rank check of this call runs after the local
@@ -224,7 +224,7 @@ class Allreducer:
             if err is None:
                 buf = prepared[0]
                 desc = f"n={buf.size} dtype={buf.dtype} key={key!r} {self.describe()}"
-                if self._defers_check(buf):
+                if prepared[2]:
                     deferred = functools.partial(agree, self.parent, desc)
             else:
                 desc = "<error>"
@@ -235,7 +235,7 @@ class Allreducer:
         if self._comm is None:
             self._comm = private_comm(self.parent)
             threads.fit_to_node(ranks_on_node(self._comm))
-        buf, obuf = prepared
+        buf, obuf, defers = prepared
         state = self._states.get(key) if key is not None else None
         if state is None:
             state = KeyState()
@@ -244,7 +244,7 @@ class Allreducer:
         call = CallStats(key=key or "", n=buf.size)
         ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
                             seed=self.seed, step=state.step, shape=buf.shape,
-                            fused=self.fused, finite=self._scans_input(buf), agree=deferred)
+                            fused=self.fused, finite=self._scans_input(buf, defers), agree=deferred)
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, ctx)
         else:
