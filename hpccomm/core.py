@@ -243,7 +243,7 @@ class Allreducer:
                 self._states[key] = state
         call = CallStats(key=key or "", n=buf.size)
         ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
-                            seed=self.seed, step=state.step, shape=buf.shape,
+                            seed=self.seed, step=state.step, shape=buf.shape, key=key,
                             fused=self.fused, finite=self._scans_input(buf, defers), agree=deferred)
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, ctx)

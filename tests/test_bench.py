@@ -282,3 +282,28 @@ def test_report_floor_with_and_without_pipelining():
     assert floor_seconds(row, 1e9) == pytest.approx(4e-3)
     assert floor_seconds({**row, "segments": 4}, 1e9) == pytest.approx(3.25e-3)
     assert floor_seconds({**row, "segments": 4}, None) == pytest.approx(3e-3)
+
+
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_calibrate_writes_a_profile_that_auto_reads(tmp_path, ranks):
+    """``calibrate --quick`` writes a valid profile whose numbers are
+    measured (positive, growing with the message), and ``auto`` loads it."""
+    from hpccomm import cost_model
+
+    path = tmp_path / "profile.json"
+    proc = bench(ranks, "calibrate", "--quick", "-o", str(path), "--codec", "onebit,fp16")
+    assert proc.returncode == 0, proc.stderr
+    profile = cost_model.validate(json.loads(path.read_text()))
+    assert profile["machine"]["ranks"] == ranks
+    for name in cost_model.PATTERNS:
+        times = [t for _, t in profile["patterns"][name]]
+        assert all(t > 0 for t in times) and times[-1] > times[0], (name, times)
+    for codec in ("onebit", "fp16"):
+        a, b = profile["kernels"][codec]["encode"]
+        assert b > 0, (codec, a, b)
+    script = ("import numpy as np, hpccomm; r = hpccomm.Allreducer(codec='onebit', "
+              "algorithm='auto'); r(np.ones(10, np.float32), key='k'); "
+              "print(r.algorithm.source)")
+    env = {**ENV, "HPCCOMM_PROFILE": str(path)}
+    got = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert got.returncode == 0 and got.stdout.strip() == str(path), got.stderr

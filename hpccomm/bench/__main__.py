@@ -9,6 +9,7 @@ Commands
     netem       the allreduce benchmark across network namespaces with tc-limited links
     sparse      sparse allreduce algorithms against MPI_Allreduce (under mpiexec / srun)
     report      markdown table of allreduce results with the model's floor per row
+    calibrate   measure MPI patterns and codec kernels for algorithm="auto" (under mpiexec)
 """
 import argparse
 import os
@@ -25,6 +26,8 @@ COMMANDS = {
     "plot": ("hpccomm.bench.plot", "PNG figures from allreduce/train JSON results"),
     "netem": ("hpccomm.bench.netem", "the allreduce benchmark on an emulated cluster network "
                                      "(root)"),
+    "calibrate": ("hpccomm.bench.calibrate", "measure this machine for algorithm='auto' "
+                                             "(under mpiexec/srun)"),
     "report": ("hpccomm.bench.report", "markdown table of allreduce JSON with the model's floor"),
     "sparse": ("hpccomm.bench.sparse_allreduce", "sparse allreduce algorithms vs MPI_Allreduce by input "
                                        "density (under mpiexec/srun)"),

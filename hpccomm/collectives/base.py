@@ -60,6 +60,8 @@ class ReduceContext:
     step: int = 0
     #: the user's tensor shape (per-column codecs take their column length from it)
     shape: tuple = ()
+    #: the call's key (None: a call without state)
+    key: Optional[str] = None
     #: let codecs fuse error feedback into their encode (False: the reference path)
     fused: bool = True
     #: the reducer has checked that ``x`` is finite (its collective scan)

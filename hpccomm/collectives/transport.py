@@ -363,6 +363,21 @@ class Transport:
         types.free()
         return finish()
 
+    # ------------------------------------------------------------ objects
+    def bcast_object(self, obj, root: int = 0):
+        """Rank ``root``'s (small, picklable) ``obj`` on every rank; its pickled
+        size is counted as sent by the root and received by the others."""
+        import pickle
+
+        with self.call.time("comm"):
+            data = pickle.dumps(obj) if self.rank == root else None
+            data = self.comm.bcast(data, root=root)
+        if self.rank == root:
+            self._model(len(data) * (self.size - 1), 0)
+        else:
+            self._model(0, len(data))
+        return obj if self.rank == root else pickle.loads(data)
+
     # ------------------------------------------------------------ allreduce
     def allreduce(self, buf, out=None, op: str = "sum", nbytes: Optional[int] = None):
         """Elementwise ``op`` ("sum" or "max") of ``buf`` over the ranks, into

@@ -1,0 +1,187 @@
+"""``python -m hpccomm.bench calibrate``: measure this machine and communicator
+for ``algorithm="auto"`` and write the profile it reads.
+
+    mpiexec -n P python -m hpccomm.bench calibrate [--quick | --full] [-o FILE]
+
+Measures (median over repetitions, slowest rank):
+
+* the MPI patterns hpccomm uses -- ``MPI_Allreduce``, ``MPI_Alltoallv`` and
+  ``MPI_Allgatherv`` -- at a ladder of message sizes on this communicator;
+* every codec's kernels at two sizes, fitted as ``a + b n``: the worker's
+  encode (with error feedback where the codec fuses it), the owner step with
+  two packets, one decode;
+* the Python overhead of one compressed call (``none`` + ``twoshot`` on 256
+  elements, less its two small collectives).
+
+The profile (schema in :mod:`hpccomm.cost_model`) goes to ``-o FILE``, else to
+``$HPCCOMM_PROFILE``, else to ``~/.cache/hpccomm/profile-<host set>-P<P>.json``,
+where ``auto`` looks for it.  A few seconds by default.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import numpy as np
+
+LADDERS = {
+    "quick": [8, 1 << 16, 1 << 22],
+    "default": [8, 1 << 12, 1 << 16, 1 << 20, 1 << 23, 1 << 25],
+    "full": [8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24,
+             1 << 26, 1 << 28],
+}
+KERNEL_SIZES = {"quick": (4096, 1 << 20), "default": (4096, 1 << 22), "full": (4096, 1 << 24)}
+REPS = {"quick": 3, "default": 5, "full": 9}
+
+
+def _slowest_median(comm, fn, reps):
+    from mpi4py import MPI
+
+    fn()
+    ts = np.empty(reps)
+    for i in range(reps):
+        comm.Barrier()
+        t0 = time.perf_counter()
+        fn()
+        ts[i] = time.perf_counter() - t0
+    slowest = np.empty_like(ts)
+    comm.Allreduce(ts, slowest, op=MPI.MAX)
+    return float(np.median(slowest))
+
+
+def measure_patterns(comm, sizes, reps):
+    """``{pattern: [[bytes, seconds], ...]}`` on ``comm``."""
+    from mpi4py import MPI
+
+    P = comm.Get_size()
+    out = {"allreduce": [], "alltoallv": [], "allgatherv": []}
+    for nbytes in sizes:
+        n = max(1, nbytes // 4)
+        x = np.ones(n, np.float32)
+        y = np.empty_like(x)
+        out["allreduce"].append([nbytes, _slowest_median(
+            comm, lambda: comm.Allreduce(x, y, op=MPI.SUM), reps)])
+        block = max(1, nbytes)
+        sb = np.ones(block * P, np.uint8)
+        rb = np.empty_like(sb)
+        counts, displs = [block] * P, [block * j for j in range(P)]
+        out["alltoallv"].append([nbytes, _slowest_median(
+            comm, lambda: comm.Alltoallv([sb, (counts, displs), MPI.BYTE],
+                                         [rb, (counts, displs), MPI.BYTE]), reps)])
+        out["allgatherv"].append([nbytes, _slowest_median(
+            comm, lambda: comm.Allgatherv(sb[:block], [rb, (counts, displs), MPI.BYTE]), reps)])
+    return out
+
+
+def _time(fn, reps):
+    fn()
+    ts = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - t0)
+    return float(np.median(ts))
+
+
+def measure_kernels(codec, n, reps):
+    """``{step: seconds}`` of ``codec`` on ``n`` float32 elements."""
+    from hpccomm.codecs.base import EncodeContext
+
+    rng = np.random.default_rng(n)
+    x = rng.standard_normal(n).astype(np.float32)
+    e = (rng.standard_normal(n) * 0.1).astype(np.float32)
+    e_out = np.empty_like(x)
+    ctx = EncodeContext(shape=(n,))
+    if getattr(codec, "encode_with_feedback", None) is not None and codec.biased:
+        enc = lambda: codec.encode_with_feedback(x, e, e_out, ctx)  # noqa: E731
+    else:
+        enc = lambda: codec.encode(x, ctx)  # noqa: E731
+    packet = codec.encode(x, ctx)
+    out = np.empty_like(x)
+    received = [packet, codec.encode(x * np.float32(0.5), ctx)]
+    if getattr(codec, "owner_step", None) is not None:
+        own = lambda: codec.owner_step(received, None, None, out, ctx)  # noqa: E731
+    else:
+        def own():
+            out[:] = 0
+            for p in received:
+                codec.decode_add(p, out)
+            codec.decode(codec.reencode(out.copy(), ctx), out)
+    return {"encode": _time(enc, reps), "owner": _time(own, reps),
+            "decode": _time(lambda: codec.decode(packet, out), reps)}
+
+
+def measure_overhead(comm, reps):
+    import hpccomm
+
+    r = hpccomm.Allreducer(comm, codec="none", algorithm="twoshot", check="always")
+    x = np.ones(256, np.float32)
+    out = np.empty_like(x)
+    for _ in range(50):
+        r(x, key="calibrate", out=out)
+    return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, 50))
+
+
+def build_parser():
+    p = argparse.ArgumentParser(prog="python -m hpccomm.bench calibrate",
+                                description="Measure the MPI patterns and codec kernels of "
+                                            "this machine for algorithm='auto'.")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--quick", action="store_true", help="3 sizes, 3 repetitions")
+    g.add_argument("--full", action="store_true", help="11 sizes up to 256 MiB, 9 repetitions")
+    p.add_argument("-o", "--output", default=None, help="profile file (default: see above)")
+    p.add_argument("--codec", default=None, help="comma-separated codecs (default: all)")
+    return p
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from mpi4py import MPI
+
+    import hpccomm
+    from hpccomm import cost_model
+    from hpccomm.collectives.auto import host_set_key
+
+    mode = "quick" if args.quick else "full" if args.full else "default"
+    comm = MPI.COMM_WORLD.Dup()
+    P, rank = comm.Get_size(), comm.Get_rank()
+    hosts = host_set_key(comm) if P > 1 else "local"
+    t0 = time.perf_counter()
+    patterns = measure_patterns(comm, LADDERS[mode], REPS[mode])
+    names = (args.codec.split(",") if args.codec else
+             [c for c in hpccomm.available_codecs() if not c.startswith("test-")])
+    model = cost_model.CostModel(cost_model.DEFAULT)
+    model.profile = {**model.profile, "kernels": dict(model.profile["kernels"])}
+    small, large = KERNEL_SIZES[mode]
+    for name in names:
+        codec = hpccomm.get_codec(name)
+        samples = [(n, measure_kernels(codec, n, REPS[mode])) for n in (small, large)]
+        worst = []
+        for n, t in samples:   # the slowest rank's figures, the same on every rank
+            vals = np.array([t[k] for k in cost_model.KERNELS])
+            comm.Allreduce(MPI.IN_PLACE, vals, op=MPI.MAX)
+            worst.append((n, dict(zip(cost_model.KERNELS, vals.tolist()))))
+        model.fit_kernel(name, worst)
+    per_call = measure_overhead(comm, REPS[mode])
+    probe = cost_model.CostModel({**model.profile, "patterns": patterns})
+    overhead = max(per_call - probe.pattern("alltoallv", 300) - probe.pattern("allgatherv", 300)
+                   - sum(probe.kernel("none", k, 256) for k in cost_model.KERNELS), 0.0)
+    profile = {"format": cost_model.FORMAT,
+               "machine": {"hosts": hosts, "ranks": P, "mpi": MPI.Get_library_version().split("\n")[0].strip()},
+               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
+               "patterns": patterns, "kernels": model.profile["kernels"], "overhead": overhead}
+    path = args.output or cost_model.profile_path(hosts, P)
+    if rank == 0:
+        cost_model.save(profile, path)
+        print(f"# hpccomm calibrate ({mode}, P = {P}, {time.perf_counter() - t0:.1f} s): "
+              f"wrote {path}")
+        for name, pts in patterns.items():
+            print(f"#   {name:<10} " + "  ".join(f"{b} B: {t * 1e6:.1f} us" for b, t in pts))
+        print(f"#   overhead of one compressed call: {overhead * 1e6:.1f} us")
+    comm.Free()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,157 @@
+"""``auto``: per call, the fastest of the algorithms that carry the codec and
+of dense ``MPI_Allreduce``, as the cost model predicts it.
+
+1. On its first call the algorithm asks rank 0 for its profile
+   (:mod:`hpccomm.cost_model`: the file ``python -m hpccomm.bench calibrate``
+   wrote for this host set and P, or the built-in defaults) and every rank
+   keeps rank 0's numbers: decisions are made from shared numbers only, so
+   they are the same on every rank.
+2. Per ``(n, shape)`` (cached) it predicts the time of ``dense`` (the values
+   as they are, one ``MPI_Allreduce``), ``twoshot`` (with its segments),
+   ``allgather`` and, for summable codecs, ``summable``, and takes the
+   fastest (ties: the earlier in that order).
+3. A ``policy`` -- ``{key pattern: choice}``, ``fnmatch`` patterns, the first
+   match wins -- overrides the model for matching keys (e.g.
+   ``{"classifier.*": "dense"}``).
+4. ``dense`` sends ``x`` itself: lossless, and with error feedback the
+   residual stays as it was (the codec's choice of *what* to lose is the
+   user's; the choice of *whether* compression pays is hpccomm's).  Any other
+   choice runs that algorithm -- the same bits as calling it directly.
+
+The choice is in ``stats.last.extra["auto"]``; ``HPCCOMM_LOG=auto`` logs every
+new decision with the predicted times (logger ``hpccomm.auto``).
+"""
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import logging
+import os
+from typing import Dict, Optional
+
+import numpy as np
+from mpi4py import MPI
+
+from .. import cost_model
+from ..communicators import spans_one_node
+from .base import Algorithm, get_algorithm_class, register_algorithm
+
+CHOICES = ("dense", "twoshot", "allgather", "summable")
+
+log = logging.getLogger("hpccomm.auto")
+if "auto" in os.environ.get("HPCCOMM_LOG", "").split(","):
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("hpccomm.auto: %(message)s"))
+    log.addHandler(_handler)
+    log.setLevel(logging.DEBUG)
+
+
+def host_set_key(comm: MPI.Comm) -> str:
+    """A short hash of the sorted host names of ``comm`` (collective)."""
+    names = sorted(set(comm.allgather(MPI.Get_processor_name())))
+    return hashlib.blake2b(",".join(names).encode(), digest_size=6).hexdigest()
+
+
+@register_algorithm
+class Auto(Algorithm):
+    name = "auto"
+
+    def __init__(self, comm, codec, policy: Optional[Dict[str, str]] = None):
+        super().__init__(comm, codec)
+        policy = dict(policy or {})
+        for pattern, choice in policy.items():
+            if not isinstance(pattern, str) or choice not in CHOICES:
+                raise ValueError(f"auto: policy maps key patterns to one of {CHOICES}, "
+                                 f"not {pattern!r}: {choice!r}")
+        self.policy = policy
+        self._candidates = {}
+        for name in CHOICES[1:]:
+            try:
+                self._candidates[name] = get_algorithm_class(name)(comm, codec)
+            except ValueError:      # this algorithm cannot carry the codec
+                continue
+        for choice in set(policy.values()) - {"dense"} - set(self._candidates):
+            raise ValueError(f"auto: policy asks for {choice!r}, which cannot carry codec "
+                             f"{codec.name!r}")
+        self.model: Optional[cost_model.CostModel] = None
+        self.source = None
+        self._decided: Dict[tuple, str] = {}
+
+    def params(self):
+        return {"policy": ",".join(f"{k}:{v}" for k, v in self.policy.items()) or "-"}
+
+    # -- the decision --------------------------------------------------------
+    def _load(self, net) -> None:
+        """Rank 0's profile on every rank (collective, once)."""
+        profile = source = None
+        if self.rank == 0 or self.size == 1:
+            hosts = host_set_key(net.comm) if self.size > 1 else "local"
+            profile, source = cost_model.load(cost_model.profile_path(hosts, self.size))
+        elif self.size > 1:
+            host_set_key(net.comm)
+        profile, source = net.bcast_object((profile, source))
+        self.model, self.source = cost_model.CostModel(profile), source
+        twoshot = self._candidates.get("twoshot")
+        if twoshot is not None and self.size > 1:   # its segments depend on the node layout
+            twoshot._one_node = spans_one_node(net.comm)
+
+    def predict(self, n: int, shape: tuple) -> Dict[str, float]:
+        """Predicted seconds per choice for ``n`` elements of ``shape``."""
+        codec, P, m = self.codec, self.size, self.model
+        name = codec.name
+        times = {"dense": m.dense(n)}
+        if P == 1:
+            return times
+        chunk = -(-n // P)
+        for choice, alg in self._candidates.items():
+            if choice == "twoshot":
+                size = _wire(codec, chunk, shape)
+                times[choice] = m.twoshot(name, n, P, size, alg.segment_count(n, shape))
+            elif choice == "allgather":
+                times[choice] = m.allgather(name, n, P, _wire(codec, n, shape))
+            elif choice == "summable":
+                item = np.dtype(codec.summable_dtype(P)).itemsize
+                times[choice] = m.summable(name, n, P, n * item)
+        return times
+
+    def choose(self, n: int, shape: tuple, key: Optional[str] = None) -> str:
+        for pattern, choice in self.policy.items():
+            if key is not None and fnmatch.fnmatchcase(key, pattern):
+                return choice
+        cached = self._decided.get((n, shape))
+        if cached is None:
+            times = self.predict(n, shape)
+            cached = min(times, key=lambda c: (times[c], CHOICES.index(c)))
+            self._decided[(n, shape)] = cached
+            log.debug("rank %d: n=%d P=%d codec=%s -> %s (%s; profile: %s)", self.rank, n,
+                      self.size, self.codec.name, cached,
+                      ", ".join(f"{c} {t * 1e3:.3f} ms" for c, t in times.items()),
+                      self.source)
+        return cached
+
+    def checks_after_encode(self, n: int, shape: tuple) -> bool:
+        # only once the decision is known and no per-key policy could change it
+        choice = None if self.policy else self._decided.get((n, tuple(shape)))
+        alg = self._candidates.get(choice)
+        return alg is not None and alg.checks_after_encode(n, shape)
+
+    # -- the call ----------------------------------------------------------
+    def reduce(self, x, out, state, ctx):
+        if self.model is None:
+            self._load(ctx.net)
+        choice = self.choose(x.size, tuple(ctx.shape), ctx.key)
+        ctx.call.extra["auto"] = choice
+        if choice == "dense":
+            if ctx.agree is not None:   # (cannot happen: the check is deferred only
+                ctx.agree(None)         # for a known compressed choice)
+            if self.size == 1 or x.size == 0:
+                out[...] = x
+            else:
+                ctx.net.allreduce(x, out)
+            return
+        self._candidates[choice].reduce(x, out, state, ctx)
+
+
+def _wire(codec, n: int, shape: tuple) -> float:
+    size = codec.wire_size_for(n, shape)
+    return float(size if size is not None else codec.max_wire_size(n))

@@ -1,0 +1,111 @@
+"""``algorithm="auto"`` under MPI: the same decision on every rank (rank 0's
+profile rules), a corrupt profile warns and falls back to the defaults, the
+per-key policy overrides the model, and the result has the bits of the
+algorithm chosen."""
+import copy
+import json
+import warnings
+
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm import cost_model
+
+from .helpers import COMM, RANK, SIZE, digest, same_on_all_ranks
+
+pytestmark = pytest.mark.mpi
+
+
+def slow_network_profile():
+    """A profile in which a dense allreduce costs 1 s per 4 MiB and packets
+    are nearly free: compression pays from a few thousand elements."""
+    p = copy.deepcopy(cost_model.DEFAULT)
+    p["patterns"]["allreduce"] = [[8, 1e-4], [1 << 22, 1.0]]
+    p["patterns"]["alltoallv"] = [[8, 1e-6], [1 << 22, 1e-3]]
+    p["patterns"]["allgatherv"] = [[8, 1e-6], [1 << 22, 1e-3]]
+    p["kernels"] = {"*": {"encode": [1e-6, 1e-10], "owner": [1e-6, 1e-10],
+                          "decode": [1e-6, 1e-10]}}
+    p["overhead"] = 1e-6
+    return p
+
+
+def write(path, profile):
+    path.write_text(json.dumps(profile) if isinstance(profile, dict) else profile)
+    return str(path)
+
+
+def run(reducer, n, key="g", steps=2):
+    outs = []
+    for step in range(steps):
+        x = np.random.default_rng([step, RANK, n]).standard_normal(n).astype(np.float32)
+        outs.append(digest(reducer(x, key=key)))
+    return outs
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("codec", ["onebit", "qsgd", "topk"])
+def test_rank_zeros_profile_decides_everywhere_with_the_chosen_bits(codec, tmp_path,
+                                                                    monkeypatch):
+    """Rank 0 reads a slow-network profile, the others none at all (the
+    defaults would send dense): every rank compresses, and the results have
+    the bits of the chosen algorithm called directly."""
+    if RANK == 0:
+        monkeypatch.setenv("HPCCOMM_PROFILE", write(tmp_path / "p.json", slow_network_profile()))
+    else:
+        monkeypatch.setenv("HPCCOMM_PROFILE", str(tmp_path / "missing.json"))
+    n = 5000
+    auto = hpccomm.Allreducer(COMM, codec=codec, algorithm="auto", seed=3)
+    got = run(auto, n)
+    choice = auto.stats.last.extra["auto"]
+    choices = COMM.allgather(choice)
+    direct = run(hpccomm.Allreducer(COMM, codec=codec, algorithm=choice, seed=3), n)
+    assert len(set(choices)) == 1 and choice != "dense", choices
+    assert same_on_all_ranks(np.frombuffer("".join(got).encode(), np.uint8))
+    assert got == direct
+
+
+def test_defaults_send_dense_and_keep_the_residual():
+    """Without a profile (the defaults of a shared-memory machine) auto sends
+    dense: the exact float32 sum, and error feedback's residual untouched."""
+    auto = hpccomm.Allreducer(COMM, codec="onebit", algorithm="auto", error_feedback=True)
+    x = np.arange(1000, dtype=np.float32) * np.float32(RANK + 1)
+    res = auto(x, key="w")
+    assert auto.stats.last.extra["auto"] == "dense"
+    np.testing.assert_array_equal(res, np.arange(1000, dtype=np.float32)
+                                  * np.float32(SIZE * (SIZE + 1) // 2))
+    assert "worker" not in auto.state_dict()["keys"]["w"]["residuals"]
+
+
+@pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 1}),
+                                     json.dumps({**cost_model.DEFAULT, "overhead": -1})])
+def test_a_corrupt_profile_warns_and_falls_back(content, tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCCOMM_PROFILE", write(tmp_path / "bad.json", content))
+    auto = hpccomm.Allreducer(COMM, codec="onebit", algorithm="auto")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        auto(np.ones(100, np.float32), key="k")
+    warned = any("ignoring the profile" in str(w.message) for w in caught)
+    assert auto.algorithm.source == "defaults"
+    assert warned or RANK != 0      # only rank 0 reads the file
+
+
+def test_policy_overrides_the_model_per_key(tmp_path, monkeypatch):
+    monkeypatch.setenv("HPCCOMM_PROFILE", str(tmp_path / "missing.json"))
+    auto = hpccomm.Allreducer(COMM, codec="fp16", algorithm="auto",
+                              policy={"fc.*": "twoshot", "emb": "allgather"})
+    x = np.ones(64, np.float32)
+    seen = {}
+    for key in ("fc.weight", "emb", "conv"):
+        auto(x, key=key)
+        seen[key] = auto.stats.last.extra["auto"]
+    assert seen == {"fc.weight": "twoshot", "emb": "allgather", "conv": "dense"}
+
+
+def test_bad_policy_is_raised_everywhere():
+    from .helpers import raise_everywhere
+
+    (name, message), agreed = raise_everywhere(
+        lambda: hpccomm.allreduce(np.ones(4, np.float32), codec="onebit", algorithm="auto",
+                                  policy={"x": "fastest"}))
+    assert name == "ValueError" and "policy maps key patterns" in message and agreed
