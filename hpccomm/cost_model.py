@@ -9,8 +9,9 @@ machine and communicator size, as JSON::
      "patterns": {"allreduce":  [[bytes, seconds], ...],
                   "alltoallv":  [[bytes, seconds], ...],
                   "allgatherv": [[bytes, seconds], ...]},
-     "kernels": {"onebit": {"encode": [a, b], "owner": [a, b], "decode": [a, b]}, ...},
-     "overhead": seconds}
+     "kernels": {"onebit": {"encode": [[n, seconds], ...], "owner": [...],
+                            "decode": [...]}, ...},
+     "overhead": {"dense": seconds, "twoshot": seconds, "allgather": seconds}}
 
 Patterns: the median time of the slowest rank for a ladder of message sizes,
 ``bytes`` being what one rank contributes (``allreduce``: its vector;
@@ -19,10 +20,12 @@ two measured sizes the time is interpolated linearly, beyond the largest it
 grows with the last two points' slope (the ``beta`` of an alpha-beta fit),
 below the smallest it is the smallest's time (``alpha``).
 
-Kernels: ``seconds = a + b n`` for ``n`` float32 elements -- ``encode``: the
-worker's encode (with error feedback where the codec fuses it), ``owner``: the
-owner step on a chunk of ``n`` with two packets, ``decode``: one decode.
-``overhead``: the Python around one compressed call (seconds).
+Kernels: the same kind of ladder over ``n`` float32 elements, interpolated the
+same way (in cache and beyond it they run at different speeds) -- ``encode``:
+the worker's encode (with error feedback where the codec fuses it),
+``owner``: the owner step on a chunk of ``n`` with two packets, ``decode``: one
+decode; ``"*"`` is the fallback for codecs not measured.  ``overhead``: the
+Python of one call per algorithm (seconds; the reducer's own for ``dense``).
 
 Without a profile (or with one that cannot be read) the built-in
 :data:`DEFAULT` applies: this package's measurements on a 2-core shared-memory
@@ -37,7 +40,7 @@ import json
 import math
 import os
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import List, Optional, Tuple
 
 FORMAT = 1
 PATTERNS = ("allreduce", "alltoallv", "allgatherv")
@@ -53,11 +56,13 @@ DEFAULT: dict = {
         "alltoallv": [[8, 2.5e-6], [4096, 4e-6], [1 << 20, 1.5e-4], [32 << 20, 1.2e-2]],
         "allgatherv": [[8, 2.5e-6], [4096, 4e-6], [1 << 20, 1.5e-4], [32 << 20, 1.2e-2]],
     },
-    # per float32 element: ~3 GB/s encode with feedback, owner ~1.5 ns, decode ~0.6 ns
-    "kernels": {"*": {"encode": [4e-6, 1.3e-9], "owner": [1e-5, 1.5e-9],
-                      "decode": [3e-6, 6e-10]}},
-    "overhead": 4e-5,
+    # ~3 GB/s encode with feedback, owner ~1.5 ns and decode ~0.6 ns per element
+    "kernels": {"*": {"encode": [[4096, 1e-5], [1 << 24, 2.2e-2]],
+                      "owner": [[4096, 1.6e-5], [1 << 24, 2.5e-2]],
+                      "decode": [[4096, 5e-6], [1 << 24, 1e-2]]}},
+    "overhead": {"dense": 1e-5, "twoshot": 6e-5, "allgather": 3e-5},
 }
+ALGORITHMS = ("dense", "twoshot", "allgather")
 
 
 class ProfileError(ValueError):
@@ -91,14 +96,15 @@ def validate(data) -> dict:
     if not isinstance(kernels, dict) or not kernels:
         raise ProfileError("a profile needs kernel costs")
     for codec, costs in kernels.items():
-        if not isinstance(costs, dict) or any(
-                not (isinstance(costs.get(k), list) and len(costs[k]) == 2
-                     and all(isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
-                             for v in costs[k])) for k in KERNELS):
-            raise ProfileError(f"kernel costs of {codec!r}: expected {list(KERNELS)} as [a, b]")
-    overhead = data.get("overhead", 0.0)
-    if not isinstance(overhead, (int, float)) or not math.isfinite(overhead) or overhead < 0:
-        raise ProfileError("overhead must be a non-negative number of seconds")
+        if not isinstance(costs, dict) or any(k not in costs for k in KERNELS):
+            raise ProfileError(f"kernel costs of {codec!r}: expected {list(KERNELS)}")
+        for step in KERNELS:
+            _points(costs[step], f"{codec}.{step}")
+    overhead = data.get("overhead")
+    if not isinstance(overhead, dict) or any(
+            not isinstance(overhead.get(a), (int, float)) or not math.isfinite(overhead[a])
+            or overhead[a] < 0 for a in ALGORITHMS):
+        raise ProfileError(f"overhead must give seconds >= 0 for {', '.join(ALGORITHMS)}")
     return data
 
 
@@ -142,57 +148,69 @@ class CostModel:
         validate(profile)
         self.profile = profile
         self._pts = {p: _points(profile["patterns"][p], p) for p in PATTERNS}
-        self.overhead = float(profile.get("overhead", 0.0))
+        self._kernels = {c: {k: _points(v[k], k) for k in KERNELS}
+                         for c, v in profile["kernels"].items()}
+        self.overhead = {a: float(profile["overhead"][a]) for a in ALGORITHMS}
 
     # -- building blocks ---------------------------------------------------
-    def pattern(self, name: str, nbytes: float) -> float:
-        """Seconds of one ``name`` collective moving ``nbytes`` per rank."""
-        pts = self._pts[name]
+    @staticmethod
+    def _interpolate(pts, x: float) -> float:
         xs = [p[0] for p in pts]
-        if nbytes <= xs[0]:
-            return pts[0][1]
-        i = bisect.bisect_left(xs, nbytes)
-        if i == len(pts):
-            i = len(pts) - 1
+        if x <= xs[0] or len(pts) == 1:
+            return pts[0][1] if x <= xs[0] else pts[-1][1]
+        i = min(bisect.bisect_left(xs, x), len(pts) - 1)
         (x0, y0), (x1, y1) = pts[i - 1], pts[i]
         slope = (y1 - y0) / (x1 - x0) if x1 > x0 else 0.0
-        return max(y0 + slope * (nbytes - x0), 0.0)
+        return max(y0 + slope * (x - x0), 0.0)
+
+    def pattern(self, name: str, nbytes: float) -> float:
+        """Seconds of one ``name`` collective moving ``nbytes`` per rank."""
+        return self._interpolate(self._pts[name], nbytes)
 
     def kernel(self, codec: str, step: str, n: float) -> float:
-        kernels = self.profile["kernels"]
-        a, b = (kernels.get(codec) or kernels.get("*") or DEFAULT["kernels"]["*"])[step]
-        return a + b * n if n > 0 else 0.0
+        costs = self._kernels.get(codec) or self._kernels.get("*")
+        if costs is None:
+            costs = {k: _points(v, k) for k, v in DEFAULT["kernels"]["*"].items()}
+        return self._interpolate(costs[step], n) if n > 0 else 0.0
 
     # -- algorithms --------------------------------------------------------
     def dense(self, n: int, itemsize: int = 4) -> float:
-        return self.pattern("allreduce", n * itemsize)
+        return self.overhead["dense"] + self.pattern("allreduce", n * itemsize)
 
     def twoshot(self, codec: str, n: int, P: int, chunk_bytes: float,
                 segments: int = 1) -> float:
-        m = n / P
-        kernels = (self.kernel(codec, "encode", n) + self.kernel(codec, "owner", m)
-                   + max(P - 2, 0) * self.kernel(codec, "decode", m)
-                   + self.kernel(codec, "decode", n - m))
+        m = n / P     # P chunk encodes, the owner step (two packets measured; more
+        kernels = (P * self.kernel(codec, "encode", m) + self.kernel(codec, "owner", m)
+                   + max(P - 2, 0) * self.kernel(codec, "decode", m)     # decode-add each)
+                   + (P - 1) * self.kernel(codec, "decode", m))          # the other chunks
         wire = self.pattern("alltoallv", chunk_bytes) + self.pattern("allgatherv", chunk_bytes)
         if segments > 1:
-            return self.overhead + max(kernels, wire) + min(kernels, wire) / segments
-        return self.overhead + kernels + wire
+            return self.overhead["twoshot"] + max(kernels, wire) + min(kernels, wire) / segments
+        return self.overhead["twoshot"] + kernels + wire
 
     def allgather(self, codec: str, n: int, P: int, packet_bytes: float) -> float:
-        return (self.overhead + self.kernel(codec, "encode", n)
+        return (self.overhead["allgather"] + self.kernel(codec, "encode", n)
                 + self.pattern("allgatherv", packet_bytes)
                 + P * self.kernel(codec, "decode", n))
 
-    def summable(self, codec: str, n: int, P: int, code_bytes: float) -> float:
-        return (self.overhead + self.kernel(codec, "encode", n)
-                + self.pattern("allreduce", code_bytes) + self.kernel(codec, "decode", n))
 
-    def fit_kernel(self, codec: str, samples: Sequence[Tuple[int, Dict[str, float]]]) -> None:
-        """Set ``codec``'s ``a + b n`` from two or more ``(n, {step: seconds})``."""
-        samples = sorted(samples)
-        (n0, t0), (n1, t1) = samples[0], samples[-1]
-        costs = {}
-        for step in KERNELS:
-            b = max((t1[step] - t0[step]) / (n1 - n0), 0.0) if n1 > n0 else 0.0
-            costs[step] = [max(t0[step] - b * n0, 0.0), b]
-        self.profile["kernels"][codec] = costs
+def wire_bytes(codec, n: int, shape: tuple) -> float:
+    """The packet size of ``n`` elements (its bound for data-dependent codecs)."""
+    size = codec.wire_size_for(n, shape)
+    return float(size if size is not None else codec.max_wire_size(n))
+
+
+def predict(model: CostModel, codec, algorithm: str, n: int, P: int, shape: tuple,
+            segments: int = 1) -> Optional[float]:
+    """Predicted seconds of one call of ``algorithm`` (``dense``/``mpi``,
+    ``twoshot``, ``allgather``) with ``codec`` on ``n`` elements; None for an
+    algorithm the model does not cover."""
+    if algorithm in ("dense", "mpi", "MPI_Allreduce"):
+        return model.dense(n)
+    if P == 1:
+        return None
+    if algorithm == "twoshot":
+        return model.twoshot(codec.name, n, P, wire_bytes(codec, -(-n // P), shape), segments)
+    if algorithm == "allgather":
+        return model.allgather(codec.name, n, P, wire_bytes(codec, n, shape))
+    return None

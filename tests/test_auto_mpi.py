@@ -24,9 +24,9 @@ def slow_network_profile():
     p["patterns"]["allreduce"] = [[8, 1e-4], [1 << 22, 1.0]]
     p["patterns"]["alltoallv"] = [[8, 1e-6], [1 << 22, 1e-3]]
     p["patterns"]["allgatherv"] = [[8, 1e-6], [1 << 22, 1e-3]]
-    p["kernels"] = {"*": {"encode": [1e-6, 1e-10], "owner": [1e-6, 1e-10],
-                          "decode": [1e-6, 1e-10]}}
-    p["overhead"] = 1e-6
+    fast = [[8, 1e-6], [1 << 24, 1e-3]]
+    p["kernels"] = {"*": {"encode": fast, "owner": fast, "decode": fast}}
+    p["overhead"] = {"dense": 1e-6, "twoshot": 1e-6, "allgather": 1e-6}
     return p
 
 
@@ -78,7 +78,7 @@ def test_defaults_send_dense_and_keep_the_residual():
 
 
 @pytest.mark.parametrize("content", ["{not json", json.dumps({"format": 1}),
-                                     json.dumps({**cost_model.DEFAULT, "overhead": -1})])
+                                     json.dumps({**cost_model.DEFAULT, "overhead": {"dense": -1}})])
 def test_a_corrupt_profile_warns_and_falls_back(content, tmp_path, monkeypatch):
     monkeypatch.setenv("HPCCOMM_PROFILE", write(tmp_path / "bad.json", content))
     auto = hpccomm.Allreducer(COMM, codec="onebit", algorithm="auto")

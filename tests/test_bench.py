@@ -299,8 +299,8 @@ def test_calibrate_writes_a_profile_that_auto_reads(tmp_path, ranks):
         times = [t for _, t in profile["patterns"][name]]
         assert all(t > 0 for t in times) and times[-1] > times[0], (name, times)
     for codec in ("onebit", "fp16"):
-        a, b = profile["kernels"][codec]["encode"]
-        assert b > 0, (codec, a, b)
+        pts = profile["kernels"][codec]["encode"]
+        assert len(pts) >= 2 and pts[-1][1] > pts[0][1] > 0, (codec, pts)
     script = ("import numpy as np, hpccomm; r = hpccomm.Allreducer(codec='onebit', "
               "algorithm='auto'); r(np.ones(10, np.float32), key='k'); "
               "print(r.algorithm.source)")

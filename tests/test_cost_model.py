@@ -24,31 +24,40 @@ def test_patterns_interpolate_linearly_and_extrapolate_with_the_last_slope():
 
 
 def test_algorithm_predictions_add_up():
-    m = CostModel(profile(alltoallv=[[0, 1.0], [10, 1.0]], allgatherv=[[0, 2.0], [10, 2.0]]))
-    m.profile["kernels"]["x"] = {"encode": [0, 1.0], "owner": [0, 0.5], "decode": [0, 0.25]}
+    m = CostModel(profile(alltoallv=[[0, 1.0], [10, 1.0]], allgatherv=[[0, 2.0], [10, 2.0]],
+                          allreduce=[[0, 0.0], [100, 10.0]]))
+    line = lambda rate: [[0, 0.0], [100, 100 * rate]]  # noqa: E731
+    m._kernels["x"] = {k: cost_model._points(line(r), k)
+                       for k, r in (("encode", 1.0), ("owner", 0.5), ("decode", 0.25))}
     n, P = 8, 2
-    kernels = 8 * 1.0 + 4 * 0.5 + 4 * 0.25
-    assert m.twoshot("x", n, P, 10) == pytest.approx(m.overhead + kernels + 3.0)
+    kernels = 2 * 4 * 1.0 + 4 * 0.5 + 4 * 0.25
+    o = m.overhead
+    assert m.dense(n) == pytest.approx(o["dense"] + 3.2)
+    assert m.twoshot("x", n, P, 10) == pytest.approx(o["twoshot"] + kernels + 3.0)
     assert m.twoshot("x", n, P, 10, segments=4) == pytest.approx(
-        m.overhead + max(kernels, 3.0) + min(kernels, 3.0) / 4)
-    assert m.allgather("x", n, P, 10) == pytest.approx(m.overhead + 8 + 2.0 + 2 * 8 * 0.25)
+        o["twoshot"] + max(kernels, 3.0) + min(kernels, 3.0) / 4)
+    assert m.allgather("x", n, P, 10) == pytest.approx(o["allgather"] + 8 + 2.0 + 2 * 8 * 0.25)
 
 
-def test_fit_kernel_is_a_line_through_the_samples():
-    m = CostModel(copy.deepcopy(DEFAULT))
-    m.fit_kernel("c", [(100, dict(encode=2e-6, owner=3e-6, decode=1e-6)),
-                       (1100, dict(encode=12e-6, owner=3e-6, decode=0.5e-6))])
+def test_kernels_interpolate_and_fall_back():
+    p = copy.deepcopy(DEFAULT)
+    p["kernels"]["c"] = {"encode": [[100, 2e-6], [1100, 12e-6]], "owner": [[100, 3e-6]],
+                         "decode": [[100, 1e-6], [1100, 0.5e-6]]}
+    m = CostModel(p)
     assert m.kernel("c", "encode", 600) == pytest.approx(7e-6)
-    assert m.kernel("c", "owner", 10**6) == pytest.approx(3e-6)
-    assert m.kernel("c", "decode", 10**6) >= 0                  # no negative slopes
+    assert m.kernel("c", "owner", 10**6) == pytest.approx(3e-6)      # one point: constant
+    assert m.kernel("c", "decode", 10**6) >= 0                        # never negative
+    assert m.kernel("other", "encode", 4096) == m.kernel("*", "encode", 4096)
 
 
 @pytest.mark.parametrize("bad,match", [
     ({"format": 2}, "format-1"),
     ({**DEFAULT, "patterns": {"allreduce": [[8, 1e-6]]}}, "needs the patterns"),
     (profile(alltoallv=[[8, float("nan")]]), "bad point"),
-    ({**DEFAULT, "kernels": {"onebit": {"encode": [1, 2]}}}, "kernel costs of 'onebit'"),
-    ({**DEFAULT, "overhead": -1}, "overhead"),
+    ({**DEFAULT, "kernels": {"onebit": {"encode": [[1, 2]]}}}, "kernel costs of 'onebit'"),
+    ({**DEFAULT, "kernels": {"onebit": {k: [[1, -2]] for k in ("encode", "owner", "decode")}}},
+     "bad point"),
+    ({**DEFAULT, "overhead": {"dense": 1e-6}}, "overhead"),
 ])
 def test_schema_errors(bad, match):
     with pytest.raises(ProfileError, match=match):

@@ -7,15 +7,15 @@ Measures (median over repetitions, slowest rank):
 
 * the MPI patterns hpccomm uses -- ``MPI_Allreduce``, ``MPI_Alltoallv`` and
   ``MPI_Allgatherv`` -- at a ladder of message sizes on this communicator;
-* every codec's kernels at two sizes, fitted as ``a + b n``: the worker's
-  encode (with error feedback where the codec fuses it), the owner step with
-  two packets, one decode;
-* the Python overhead of one compressed call (``none`` + ``twoshot`` on 256
-  elements, less its two small collectives).
+* every codec's kernels at a few sizes (in and beyond the caches): the
+  worker's encode (with error feedback where the codec fuses it), the owner
+  step with two packets, one decode;
+* the Python overhead of one call per algorithm (``none`` on 256 elements
+  through the reducer, less what the patterns and kernels predict).
 
 The profile (schema in :mod:`hpccomm.cost_model`) goes to ``-o FILE``, else to
 ``$HPCCOMM_PROFILE``, else to ``~/.cache/hpccomm/profile-<host set>-P<P>.json``,
-where ``auto`` looks for it.  A few seconds by default.
+where ``auto`` looks for it.  About half a minute by default (``--quick``: seconds).
 """
 from __future__ import annotations
 
@@ -27,11 +27,13 @@ import numpy as np
 
 LADDERS = {
     "quick": [8, 1 << 16, 1 << 22],
-    "default": [8, 1 << 12, 1 << 16, 1 << 20, 1 << 23, 1 << 25],
+    "default": [8, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26],
     "full": [8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24,
              1 << 26, 1 << 28],
 }
-KERNEL_SIZES = {"quick": (4096, 1 << 20), "default": (4096, 1 << 22), "full": (4096, 1 << 24)}
+#: kernel sizes: small (the fixed cost), in cache, and far beyond the caches
+KERNEL_SIZES = {"quick": (4096, 1 << 20), "default": (4096, 1 << 16, 1 << 20, 1 << 24),
+                "full": (1024, 4096, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)}
 REPS = {"quick": 3, "default": 5, "full": 9}
 
 
@@ -113,14 +115,20 @@ def measure_kernels(codec, n, reps):
 
 
 def measure_overhead(comm, reps):
+    """Seconds of one call on 256 elements per algorithm, through the reducer
+    (``dense``: ``none`` + ``mpi``)."""
     import hpccomm
 
-    r = hpccomm.Allreducer(comm, codec="none", algorithm="twoshot", check="always")
     x = np.ones(256, np.float32)
     out = np.empty_like(x)
-    for _ in range(50):
-        r(x, key="calibrate", out=out)
-    return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, 50))
+    times = {}
+    for name, algorithm in (("dense", "mpi"), ("twoshot", "twoshot"), ("allgather", "allgather")):
+        r = hpccomm.Allreducer(comm, codec="none", algorithm=algorithm, check="always")
+        for _ in range(50):
+            r(x, key="calibrate", out=out)
+        times[name] = _slowest_median(comm, lambda: r(x, key="calibrate", out=out),
+                                      max(reps, 50))
+    return times
 
 
 def build_parser():
@@ -128,7 +136,7 @@ def build_parser():
                                 description="Measure the MPI patterns and codec kernels of "
                                             "this machine for algorithm='auto'.")
     g = p.add_mutually_exclusive_group()
-    g.add_argument("--quick", action="store_true", help="3 sizes, 3 repetitions")
+    g.add_argument("--quick", action="store_true", help="3 sizes up to 4 MiB, 3 repetitions")
     g.add_argument("--full", action="store_true", help="11 sizes up to 256 MiB, 9 repetitions")
     p.add_argument("-o", "--output", default=None, help="profile file (default: see above)")
     p.add_argument("--codec", default=None, help="comma-separated codecs (default: all)")
@@ -151,26 +159,30 @@ def main(argv=None) -> int:
     patterns = measure_patterns(comm, LADDERS[mode], REPS[mode])
     names = (args.codec.split(",") if args.codec else
              [c for c in hpccomm.available_codecs() if not c.startswith("test-")])
-    model = cost_model.CostModel(cost_model.DEFAULT)
-    model.profile = {**model.profile, "kernels": dict(model.profile["kernels"])}
-    small, large = KERNEL_SIZES[mode]
+    names = names + ["none"] if "none" not in names else names   # for the overhead
+    kernels = {}
     for name in names:
         codec = hpccomm.get_codec(name)
-        samples = [(n, measure_kernels(codec, n, REPS[mode])) for n in (small, large)]
-        worst = []
-        for n, t in samples:   # the slowest rank's figures, the same on every rank
+        steps = {k: [] for k in cost_model.KERNELS}
+        for n in KERNEL_SIZES[mode]:
+            t = measure_kernels(codec, n, REPS[mode])
             vals = np.array([t[k] for k in cost_model.KERNELS])
-            comm.Allreduce(MPI.IN_PLACE, vals, op=MPI.MAX)
-            worst.append((n, dict(zip(cost_model.KERNELS, vals.tolist()))))
-        model.fit_kernel(name, worst)
+            comm.Allreduce(MPI.IN_PLACE, vals, op=MPI.MAX)   # the slowest rank's
+            for k, v in zip(cost_model.KERNELS, vals.tolist()):
+                steps[k].append([n, v])
+        kernels[name] = steps
+    kernels.setdefault("*", kernels.get("onebit", cost_model.DEFAULT["kernels"]["*"]))
     per_call = measure_overhead(comm, REPS[mode])
-    probe = cost_model.CostModel({**model.profile, "patterns": patterns})
-    overhead = max(per_call - probe.pattern("alltoallv", 300) - probe.pattern("allgatherv", 300)
-                   - sum(probe.kernel("none", k, 256) for k in cost_model.KERNELS), 0.0)
+    probe = cost_model.CostModel({**cost_model.DEFAULT, "patterns": patterns,
+                                  "kernels": kernels,
+                                  "overhead": {a: 0.0 for a in cost_model.ALGORITHMS}})
+    none = hpccomm.get_codec("none")
+    overhead = {a: max(per_call[a] - cost_model.predict(probe, none, a, 256, P, (256,)), 0.0)
+                if P > 1 or a == "dense" else per_call[a] for a in cost_model.ALGORITHMS}
     profile = {"format": cost_model.FORMAT,
                "machine": {"hosts": hosts, "ranks": P, "mpi": MPI.Get_library_version().split("\n")[0].strip()},
                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
-               "patterns": patterns, "kernels": model.profile["kernels"], "overhead": overhead}
+               "patterns": patterns, "kernels": kernels, "overhead": overhead}
     path = args.output or cost_model.profile_path(hosts, P)
     if rank == 0:
         cost_model.save(profile, path)
@@ -178,7 +190,8 @@ def main(argv=None) -> int:
               f"wrote {path}")
         for name, pts in patterns.items():
             print(f"#   {name:<10} " + "  ".join(f"{b} B: {t * 1e6:.1f} us" for b, t in pts))
-        print(f"#   overhead of one compressed call: {overhead * 1e6:.1f} us")
+        print("#   overhead per call: " + "  ".join(f"{a} {t * 1e6:.1f} us"
+                                                   for a, t in overhead.items()))
     comm.Free()
     return 0
 

@@ -122,7 +122,45 @@ def build_parser():
                    help="one row per case, one column per size: median time and speedup")
     p.add_argument("--sizes", default=None,
                    help="comma-separated sizes in bytes to include (default: all)")
+    p.add_argument("--profile", default=None,
+                   help="a calibration profile: one row per case with the cost model's "
+                        "prediction next to the measured time (auto's model, validated)")
     return p
+
+
+def predicted(data: dict, profile_file: str, sizes=None) -> str:
+    """Every row's measured time next to what the cost model of
+    ``profile_file`` predicts for it, and the share of rows within 20 %."""
+    import hpccomm
+    from hpccomm import cost_model
+
+    profile, _ = cost_model.load(profile_file)
+    model = cost_model.CostModel(profile)
+    P = int(data.get("meta", {}).get("ranks", 1))
+    head = ["size", "case", "measured", "predicted", "predicted / measured"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    within = total = 0
+    for r in data["rows"]:
+        if sizes is not None and r["size"] not in sizes:
+            continue
+        alg = r["algorithm_name"]
+        n = int(r["count"])
+        shape = (n // 1024, 1024) if n % 1024 == 0 and n >= 1024 else (n,)
+        codec = hpccomm.get_codec(r["codec_name"]) if r["codec_name"] != "-" else None
+        if alg == "auto" or (codec is None and alg != "MPI_Allreduce"):
+            continue
+        t = cost_model.predict(model, codec, alg, n, P, shape, int(r.get("segments", 1)))
+        if t is None:
+            continue
+        ratio = t / r["time_median"]
+        total += 1
+        within += abs(ratio - 1) <= 0.2
+        case = "MPI_Allreduce" if alg == "MPI_Allreduce" else f"{r['codec_name']}+{alg}"
+        lines.append(f"| {fmt_size(r['size'])} | {case} | {fmt_time(r['time_median'])} | "
+                     f"{fmt_time(t)} | {ratio:.2f} |")
+    lines.append("")
+    lines.append(f"{within} of {total} predictions within 20 % of the measured time")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -135,7 +173,10 @@ def main(argv=None) -> int:
     meta = data.get("meta", {})
     print(f"<!-- {args.file}: {meta.get('ranks', '?')} ranks, {meta.get('mpi', '')}, "
           f"{meta.get('date', '')}{', ' + args.rate if args.rate else ''} -->")
-    print(pivot(data, sizes) if args.pivot else table(data, args.rate, sizes))
+    if args.profile:
+        print(predicted(data, args.profile, sizes))
+    else:
+        print(pivot(data, sizes) if args.pivot else table(data, args.rate, sizes))
     return 0
 
 
