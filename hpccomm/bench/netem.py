@@ -153,10 +153,12 @@ def _mpiexec() -> str:
     return found
 
 
-def launch_command(cluster: Cluster, mpi: str, bench_args: List[str]) -> List[str]:
-    """The command (run from rank 0's namespace) that starts the benchmark."""
+def launch_command(cluster: Cluster, mpi: str, bench_args: List[str],
+                   command: str = "allreduce") -> List[str]:
+    """The command (run from rank 0's namespace) that starts the benchmark
+    (``command``: a ``hpccomm.bench`` command run under MPI)."""
     n = cluster.ranks
-    py = [sys.executable, "-m", "mpi4py", "-m", "hpccomm.bench", "allreduce", *bench_args]
+    py = [sys.executable, "-m", "mpi4py", "-m", "hpccomm.bench", command, *bench_args]
     mpiexec = _mpiexec()
     if cluster.mode == "shared":
         if mpi == "mpich":
@@ -210,7 +212,7 @@ def main(argv=None) -> int:
         prog="python -m hpccomm.bench netem",
         description="Run the allreduce benchmark across an emulated cluster network "
                     "(root; Linux namespaces + tc tbf). Arguments after -- go to "
-                    "'hpccomm.bench allreduce'.")
+                    "'hpccomm.bench allreduce' (or --command).")
     p.add_argument("--ranks", type=int, required=True, help="number of ranks (hosts)")
     p.add_argument("--rate", type=parse_rate, required=True,
                    help="link rate per NIC (per-host) or for the shared loopback, e.g. 1gbit; "
@@ -221,6 +223,8 @@ def main(argv=None) -> int:
     p.add_argument("--burst", default="256kb", help="tbf burst (default 256kb)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds before giving up")
     p.add_argument("-v", "--verbose", action="store_true", help="print the ip/tc commands")
+    p.add_argument("--command", choices=("allreduce", "calibrate", "sparse"), default="allreduce",
+                   help="the hpccomm.bench command to run across the network (default allreduce)")
     args = p.parse_args(own)
     if not 1 <= args.ranks <= 64:
         p.error("--ranks must be between 1 and 64")
@@ -240,7 +244,7 @@ def main(argv=None) -> int:
         print(f"# netem: {args.mode}, {args.ranks} ranks, {args.rate} per "
               f"{'NIC (both directions)' if args.mode == 'per-host' else 'shared loopback'}, "
               f"MPI {mpi}", flush=True)
-        cmd = launch_command(cluster, mpi, bench_args)
+        cmd = launch_command(cluster, mpi, bench_args, args.command)
         if args.verbose:
             print("+", " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
         proc = subprocess.run(cmd, env=launch_env(args.mode, mpi), timeout=args.timeout)
