@@ -307,3 +307,32 @@ def test_calibrate_writes_a_profile_that_auto_reads(tmp_path, ranks):
     env = {**ENV, "HPCCOMM_PROFILE": str(path)}
     got = subprocess.run([PY, "-c", script], capture_output=True, text=True, timeout=120, env=env)
     assert got.returncode == 0 and got.stdout.strip() == str(path), got.stderr
+
+
+def test_network_profiles_have_the_published_parameter_counts():
+    from hpccomm.bench.networks import NETWORKS
+
+    totals = {name: sum(f()) for name, f in NETWORKS.items()}
+    assert totals == {"resnet50": 25_557_032, "vgg16": 138_357_544,
+                      "bert-base": 109_482_240, "gpt2": 124_439_808}
+
+
+def test_model_predictions():
+    """The dense ring term by hand; compression pays at 1 Gbit/s and not on an
+    absurdly fast link; overlap never makes a step slower."""
+    from hpccomm import cost_model
+    from hpccomm.bench import model
+
+    costs = cost_model.CostModel(cost_model.DEFAULT)
+    m = model.NetworkModel(costs, P=4, rate=1e9, alpha=1e-5)
+    assert m.dense(1000) == pytest.approx(6 * (1e-5 + 4000 / 4e9) + costs.overhead["dense"])
+    args = model.build_parser().parse_args(["--networks", "resnet50", "--ranks", "8",
+                                            "--rates", "1,100000", "--codecs", "onebit"])
+    rows = {(r["gbit"], r["codec"], r["overlap"]): r for r in model.run(args)}
+    slow = rows[(1, "dense", True)]["step_s"] / rows[(1, "onebit", True)]["step_s"]
+    fast = rows[(100000, "dense", True)]["step_s"] / rows[(100000, "onebit", True)]["step_s"]
+    assert slow > 2 and fast == pytest.approx(1.0)
+    assert rows[(100000, "onebit", True)]["compressed_buckets"] == 0
+    for key, r in rows.items():
+        if key[2]:
+            assert r["step_s"] <= rows[(key[0], key[1], False)]["step_s"] + 1e-12

@@ -10,6 +10,7 @@ Commands
     sparse      sparse allreduce algorithms against MPI_Allreduce (under mpiexec / srun)
     report      markdown table of allreduce results with the model's floor per row
     calibrate   measure MPI patterns and codec kernels for algorithm="auto" (under mpiexec)
+    model       predicted step time / throughput of real networks for 2-512 ranks per codec
 """
 import argparse
 import os
@@ -28,6 +29,8 @@ COMMANDS = {
                                      "(root)"),
     "calibrate": ("hpccomm.bench.calibrate", "measure this machine for algorithm='auto' "
                                              "(under mpiexec/srun)"),
+    "model": ("hpccomm.bench.model", "predicted training throughput of real networks, 2-512 "
+                                     "ranks, per codec and link rate"),
     "report": ("hpccomm.bench.report", "markdown table of allreduce JSON with the model's floor"),
     "sparse": ("hpccomm.bench.sparse_allreduce", "sparse allreduce algorithms vs MPI_Allreduce by input "
                                        "density (under mpiexec/srun)"),
