@@ -11,7 +11,8 @@ machine and communicator size, as JSON::
                   "allgatherv": [[bytes, seconds], ...]},
      "kernels": {"onebit": {"encode": [[n, seconds], ...], "owner": [...],
                             "decode": [...]}, ...},
-     "overhead": {"dense": seconds, "twoshot": seconds, "allgather": seconds}}
+     "overhead": {"dense": seconds, "twoshot": seconds, "allgather": seconds},
+     "oversubscription": ranks per core on the busiest node (optional, >= 1)}
 
 Patterns: the median time of the slowest rank for a ladder of message sizes,
 ``bytes`` being what one rank contributes (``allreduce``: its vector;
@@ -26,6 +27,10 @@ the worker's encode (with error feedback where the codec fuses it),
 ``owner``: the owner step on a chunk of ``n`` with two packets, ``decode``: one
 decode; ``"*"`` is the fallback for codecs not measured.  ``overhead``: the
 Python of one call per algorithm (seconds; the reducer's own for ``dense``).
+``oversubscription``: with more ranks than cores on a node, a rank's kernel
+shares its core with ranks that busy-poll in MPI while they wait for it, so
+kernel times are multiplied by the ranks per core (the calibration measures
+each kernel with every rank computing at once, which this does not capture).
 
 Without a profile (or with one that cannot be read) the built-in
 :data:`DEFAULT` applies: this package's measurements on a 2-core shared-memory
@@ -100,6 +105,9 @@ def validate(data) -> dict:
             raise ProfileError(f"kernel costs of {codec!r}: expected {list(KERNELS)}")
         for step in KERNELS:
             _points(costs[step], f"{codec}.{step}")
+    over = data.get("oversubscription", 1.0)
+    if not isinstance(over, (int, float)) or not math.isfinite(over) or over < 1:
+        raise ProfileError("oversubscription must be a number >= 1")
     overhead = data.get("overhead")
     if not isinstance(overhead, dict) or any(
             not isinstance(overhead.get(a), (int, float)) or not math.isfinite(overhead[a])
@@ -151,6 +159,7 @@ class CostModel:
         self._kernels = {c: {k: _points(v[k], k) for k in KERNELS}
                          for c, v in profile["kernels"].items()}
         self.overhead = {a: float(profile["overhead"][a]) for a in ALGORITHMS}
+        self.oversubscription = float(profile.get("oversubscription", 1.0))
 
     # -- building blocks ---------------------------------------------------
     @staticmethod
@@ -171,7 +180,7 @@ class CostModel:
         costs = self._kernels.get(codec) or self._kernels.get("*")
         if costs is None:
             costs = {k: _points(v, k) for k, v in DEFAULT["kernels"]["*"].items()}
-        return self._interpolate(costs[step], n) if n > 0 else 0.0
+        return self.oversubscription * self._interpolate(costs[step], n) if n > 0 else 0.0
 
     # -- algorithms --------------------------------------------------------
     def dense(self, n: int, itemsize: int = 4) -> float:

@@ -58,6 +58,7 @@ def test_kernels_interpolate_and_fall_back():
     ({**DEFAULT, "kernels": {"onebit": {k: [[1, -2]] for k in ("encode", "owner", "decode")}}},
      "bad point"),
     ({**DEFAULT, "overhead": {"dense": 1e-6}}, "overhead"),
+    ({**DEFAULT, "oversubscription": 0.5}, "oversubscription"),
 ])
 def test_schema_errors(bad, match):
     with pytest.raises(ProfileError, match=match):
@@ -83,3 +84,11 @@ def test_profile_path(monkeypatch, tmp_path):
     monkeypatch.delenv("HPCCOMM_PROFILE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     assert cost_model.profile_path("abc", 4) == str(tmp_path / "hpccomm" / "profile-abc-P4.json")
+
+
+def test_oversubscription_scales_the_kernels_only():
+    base = CostModel(copy.deepcopy(DEFAULT))
+    over = CostModel({**copy.deepcopy(DEFAULT), "oversubscription": 2.0})
+    assert over.kernel("x", "encode", 1 << 20) == pytest.approx(
+        2 * base.kernel("x", "encode", 1 << 20))
+    assert over.pattern("allreduce", 4096) == base.pattern("allreduce", 4096)

@@ -11,7 +11,8 @@ Measures (median over repetitions, slowest rank):
   worker's encode (with error feedback where the codec fuses it), the owner
   step with two packets, one decode;
 * the Python overhead of one call per algorithm (``none`` on 256 elements
-  through the reducer, less what the patterns and kernels predict).
+  through the reducer, less what the patterns and kernels predict);
+* the ranks per core of the busiest node (``oversubscription``).
 
 The profile (schema in :mod:`hpccomm.cost_model`) goes to ``-o FILE``, else to
 ``$HPCCOMM_PROFILE``, else to ``~/.cache/hpccomm/profile-<host set>-P<P>.json``,
@@ -20,6 +21,7 @@ where ``auto`` looks for it.  About half a minute by default (``--quick``: secon
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
@@ -150,6 +152,7 @@ def main(argv=None) -> int:
     import hpccomm
     from hpccomm import cost_model
     from hpccomm.collectives.auto import host_set_key
+    from hpccomm.communicators import ranks_on_node
 
     mode = "quick" if args.quick else "full" if args.full else "default"
     comm = MPI.COMM_WORLD.Dup()
@@ -173,6 +176,9 @@ def main(argv=None) -> int:
         kernels[name] = steps
     kernels.setdefault("*", kernels.get("onebit", cost_model.DEFAULT["kernels"]["*"]))
     per_call = measure_overhead(comm, REPS[mode])
+    local = ranks_on_node(comm)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    over = comm.allreduce(max(1.0, local / max(cores or 1, 1)), op=MPI.MAX)
     probe = cost_model.CostModel({**cost_model.DEFAULT, "patterns": patterns,
                                   "kernels": kernels,
                                   "overhead": {a: 0.0 for a in cost_model.ALGORITHMS}})
@@ -182,7 +188,8 @@ def main(argv=None) -> int:
     profile = {"format": cost_model.FORMAT,
                "machine": {"hosts": hosts, "ranks": P, "mpi": MPI.Get_library_version().split("\n")[0].strip()},
                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
-               "patterns": patterns, "kernels": kernels, "overhead": overhead}
+               "patterns": patterns, "kernels": kernels, "overhead": overhead,
+               "oversubscription": over}
     path = args.output or cost_model.profile_path(hosts, P)
     if rank == 0:
         cost_model.save(profile, path)
