@@ -298,3 +298,15 @@ def test_per_column_codecs_on_1d_input_give_every_rank_a_fair_share(codec):
     assert fair(balanced), balanced
     if SIZE > 1:
         assert not fair(whole), whole
+
+
+@pytest.mark.parametrize("segments", [1, 3])
+def test_large_packets_go_to_mpi_in_place(segments):
+    """Above ``IN_PLACE_BYTES`` of packets, twoshot's all-to-all reads them
+    where they lie: the lossless codec still gives the exact sum of integers."""
+    from hpccomm.collectives.twoshot import IN_PLACE_BYTES
+
+    n = IN_PLACE_BYTES // 2 + 1001
+    x = rank_data(n, integers=True)
+    res = hpccomm.Allreducer(codec="none", algorithm="twoshot", segments=segments)(x)
+    np.testing.assert_array_equal(res, exact_sum(n, integers=True).astype(np.float32))

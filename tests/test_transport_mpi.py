@@ -31,14 +31,17 @@ def packet(src, dst, salt=0):
 @pytest.mark.parametrize("limit", LIMITS)
 @pytest.mark.parametrize("known", [False, True])
 @pytest.mark.parametrize("blocking", [True, False])
-def test_alltoallv(limit, known, blocking):
+@pytest.mark.parametrize("in_place", [False, True])
+def test_alltoallv(limit, known, blocking, in_place):
+    """Also with ``in_place`` (MPI reads every packet where it lies, empty
+    packets included)."""
     net = net_for(limit)
     sends = [packet(RANK, j) for j in range(SIZE)]
     sizes = [packet(i, RANK).size for i in range(SIZE)] if known else None
     if blocking:
-        got = net.alltoallv(sends, sizes)
+        got = net.alltoallv(sends, sizes, in_place=in_place)
     else:
-        req = net.ialltoallv(sends, sizes)
+        req = net.ialltoallv(sends, sizes, in_place=in_place)
         got = req.wait()
         assert req.done and req.test() and req.wait() is got
     for i in range(SIZE):

@@ -256,21 +256,28 @@ class Transport:
 
     # ------------------------------------------------------------ all-to-all
     def alltoallv(self, packets: Sequence[np.ndarray],
-                  recv_sizes: Optional[Sequence[int]] = None) -> List[np.ndarray]:
-        """Send ``packets[j]`` to rank ``j``; return the packets received, by source."""
-        return self._alltoallv(packets, recv_sizes, blocking=True)
+                  recv_sizes: Optional[Sequence[int]] = None,
+                  in_place: bool = False) -> List[np.ndarray]:
+        """Send ``packets[j]`` to rank ``j``; return the packets received, by source.
+
+        ``in_place``: MPI reads the packets where they are (``MPI_Alltoallw``
+        with a datatype at each packet's address) instead of from one buffer
+        they are copied into first -- worth it for large packets.  It must be
+        the same on every rank (decide it from numbers every rank shares)."""
+        return self._alltoallv(packets, recv_sizes, blocking=True, in_place=in_place)
 
     def ialltoallv(self, packets: Sequence[np.ndarray],
-                   recv_sizes: Optional[Sequence[int]] = None) -> Request:
+                   recv_sizes: Optional[Sequence[int]] = None,
+                   in_place: bool = False) -> Request:
         """Non-blocking :meth:`alltoallv`; ``packets`` must stay untouched until
         the request completes."""
-        return self._alltoallv(packets, recv_sizes, blocking=False)
+        return self._alltoallv(packets, recv_sizes, blocking=False, in_place=in_place)
 
-    def _alltoallv(self, packets, recv_sizes, blocking):
+    def _alltoallv(self, packets, recv_sizes, blocking, in_place=False):
         P, r, comm = self.size, self.rank, self.comm
         send_counts = [int(p.size) for p in packets]
         sendbuf = _joined(packets)
-        if sendbuf is None:
+        if sendbuf is None and not in_place:
             sendbuf = np.concatenate(packets) if len(packets) else np.empty(0, np.uint8)
         types = _Types(self.block)
         with self.call.time("comm"):
@@ -284,7 +291,16 @@ class Transport:
             recvbuf = np.empty(sum(recv_counts), dtype=np.uint8)
             sd, rd = _prefix(send_counts), _prefix(recv_counts)
             try:
-                if not self.limited:
+                if in_place:   # every rank: the packets where they lie, no copy
+                    st = [types.at(_address(p), p.size) if p.size else MPI.BYTE
+                          for p in packets]
+                    rb = _address(recvbuf)
+                    rt = [types.at(rb + rd[j], recv_counts[j]) if recv_counts[j] else MPI.BYTE
+                          for j in range(P)]
+                    args = ([MPI.BOTTOM, ([int(c > 0) for c in send_counts], [0] * P), st],
+                            [MPI.BOTTOM, ([int(c > 0) for c in recv_counts], [0] * P), rt])
+                    reqs = comm.Alltoallw(*args) if blocking else [comm.Ialltoallw(*args)]
+                elif not self.limited:
                     args = ([sendbuf, (send_counts, sd), MPI.BYTE],
                             [recvbuf, (recv_counts, rd), MPI.BYTE])
                     reqs = comm.Alltoallv(*args) if blocking else [comm.Ialltoallv(*args)]

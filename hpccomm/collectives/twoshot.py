@@ -56,6 +56,9 @@ from .base import Algorithm, chunk_bounds, register_algorithm
 SEGMENT_ELEMENTS = 1 << 21
 #: most segments of ``segments="auto"``
 MAX_SEGMENTS = 16
+#: packets of more bytes than this (all chunks together) go to MPI where they
+#: lie rather than copied into one send buffer first
+IN_PLACE_BYTES = 1 << 20
 
 
 @register_algorithm
@@ -154,7 +157,8 @@ class TwoShot(Algorithm):
         bounds, fixed, recv_sizes = self._plan(n, ctx.shape, state)
         with call.time("encode"):
             packets = work.encode_chunks(bounds, ctx, r)
-        received = net.alltoallv(packets, recv_sizes)
+        received = net.alltoallv(packets, recv_sizes,
+                                 in_place=fixed is not None and sum(fixed) > IN_PLACE_BYTES)
         lo, hi = bounds[r], bounds[r + 1]
         if fused_owner:
             e, e_out = self._owner_buffers(owner, state, hi - lo)
@@ -196,7 +200,9 @@ class TwoShot(Algorithm):
             pieces, sizes = plan[s]
             with call.time("encode"):
                 packets = [work.encode(lo, hi, ctx.encode_context(r, lo)) for lo, hi in pieces]
-            return net.ialltoallv(packets, None if sizes is None else [sizes[r]] * P), packets
+            in_place = sizes is not None and sum(sizes) > IN_PLACE_BYTES
+            return net.ialltoallv(packets, None if sizes is None else [sizes[r]] * P,
+                                  in_place=in_place), packets
 
         def decode(s, gathered):
             with call.time("decode"):
