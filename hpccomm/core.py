@@ -12,7 +12,7 @@ from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_b
                       resolve_gpu_aware)
 from .codecs.base import Codec, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
-from .collectives.transport import Transport
+from .collectives.transport import INT_MAX, Transport, dense_allreduce
 from .communicators import private_comm, ranks_on_node
 from .errors import ConsistencyError, nonfinite_input
 from .kernels import threads
@@ -81,6 +81,9 @@ class Allreducer:
         self.size = self.parent.Get_size()
         self.stats = Stats()
         self._states: Dict[str, KeyState] = {}
+        #: per key, the last call's signature when that call was one plain
+        #: MPI_Allreduce of a host array (see :meth:`_lean_call`)
+        self._lean: Dict[str, _Lean] = {}
         self._staging = HostStaging()
         self._comm: Optional[MPI.Comm] = None
         self.codec: Optional[Codec] = None
@@ -142,9 +145,11 @@ class Allreducer:
             raise ValueError(f"state_dict was saved by {state.get('config')!r}, this reducer is "
                              f"{self.describe()!r}")
         self._states = {k: KeyState.from_state_dict(v) for k, v in state["keys"].items()}
+        self._lean.clear()
 
     def reset(self, key: Optional[str] = None) -> None:
         """Forget residuals and step counts (of one key, or of all)."""
+        self._lean.clear()
         if key is None:
             self._states.clear()
         else:
@@ -154,6 +159,7 @@ class Allreducer:
         """Release buffers and state.  The private communicator is shared
         and freed at interpreter exit."""
         self._states.clear()
+        self._lean.clear()
         self._staging = HostStaging()
 
     def __enter__(self):
@@ -213,6 +219,12 @@ class Allreducer:
         """Reduce ``x`` over all ranks; return the result as the same kind of
         object and shape (written into ``out`` when given; ``out`` may be
         ``x`` itself)."""
+        if key is not None and type(x) is np.ndarray:
+            lean = self._lean.get(key)
+            if lean is not None and x.shape == lean.shape and x.dtype == lean.dtype:
+                result = self._lean_call(lean, x, out)
+                if result is not None:
+                    return result
         t0 = time.perf_counter()
         err = self.config_error
         prepared = None
@@ -253,7 +265,56 @@ class Allreducer:
         state.step += 1
         call.t_total = time.perf_counter() - t0
         self.stats.record(call)
+        if key is not None and type(x) is np.ndarray:
+            self._remember_lean(key, x, buf, state, call, desc if self.check == "always" else None)
         return result
+
+    # ------------------------------------------------------------------ lean path
+    def _remember_lean(self, key, x, buf, state, call, desc) -> None:
+        """Remember ``key``'s call as lean when it was one plain MPI_Allreduce
+        of a contiguous host array in a dtype MPI sums natively."""
+        if (self.size > 1 and 0 < x.size <= INT_MAX and x.flags.c_contiguous
+                and buf.dtype in self.algorithm.dtypes
+                and self.algorithm.sends_dense(buf.size, buf.shape, key)):
+            self._lean[key] = _Lean(key, x.shape, x.dtype, desc, self._scans_input(buf, False),
+                                    state, dict(call.extra))
+        else:
+            self._lean.pop(key, None)
+
+    def _lean_call(self, lean: "_Lean", x: np.ndarray, out: Any) -> Optional[np.ndarray]:
+        """The repeated dense call of a key, without the algorithm: the same
+        checks (the cross-rank agreement under ``check="always"``, with the
+        same description, and the NaN/Inf scan where the full path makes
+        it), the same ``MPI_Allreduce`` on the private communicator, the same
+        statistics.  Returns None (nothing done) when this call does not fit
+        (another ``out``, a strided input, a NaN to report): the full path
+        then handles it, collectively compatible with ranks that took this
+        one (both agree on the same description, then reduce the same way)."""
+        t0 = time.perf_counter()
+        if not x.flags.c_contiguous:
+            return None
+        if out is None:
+            res, send = np.empty_like(x), x
+        elif out is x:
+            res, send = x, MPI.IN_PLACE
+        elif (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
+              and out.flags.c_contiguous and out.flags.writeable
+              and not np.may_share_memory(out, x)):
+            res, send = out, x
+        else:
+            return None
+        if lean.scan and count_nonfinite(x.reshape(-1)):
+            return None
+        if lean.desc is not None:
+            agree(self.parent, lean.desc)
+        call = CallStats(key=lean.key, n=x.size, nbytes=x.nbytes, extra=dict(lean.extra))
+        dense_allreduce(self._comm, send, res, call)
+        if self.op == "mean":
+            np.divide(res, res.dtype.type(self.size), out=res)
+        lean.state.step += 1
+        call.t_total = time.perf_counter() - t0
+        self.stats.record(call)
+        return res
 
     def _finish_mean(self, arr: np.ndarray) -> None:
         if self.op == "mean" and self.size > 1:
@@ -332,3 +393,13 @@ def allreduce(x: Any, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
 
 
 __all__ = ["Allreducer", "allreduce", "ConsistencyError"]
+
+
+class _Lean:
+    """What the lean path of a key needs (see :meth:`Allreducer._lean_call`)."""
+
+    __slots__ = ("key", "shape", "dtype", "desc", "scan", "state", "extra")
+
+    def __init__(self, key, shape, dtype, desc, scan, state, extra):
+        self.key, self.shape, self.dtype, self.desc, self.scan = key, shape, dtype, desc, scan
+        self.state, self.extra = state, extra

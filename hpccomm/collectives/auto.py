@@ -136,6 +136,9 @@ class Auto(Algorithm):
         alg = self._candidates.get(choice)
         return alg is not None and alg.checks_after_encode(n, shape)
 
+    def sends_dense(self, n, shape, key):
+        return self.model is not None and self.choose(n, tuple(shape), key) == "dense"
+
     # -- the call ----------------------------------------------------------
     def reduce(self, x, out, state, ctx):
         if self.model is None:

@@ -257,6 +257,13 @@ class Algorithm:
         pipeline the call."""
         return self.fuses_feedback
 
+    def sends_dense(self, n: int, shape: tuple, key: Optional[str]) -> bool:
+        """Whether a call of ``n`` elements of ``shape`` under ``key`` is one
+        plain ``MPI_Allreduce`` (sum) of the input and nothing else -- no
+        state, no random numbers -- so that the reducer may repeat it for the
+        same key without entering the algorithm (its lean path)."""
+        return False
+
     def check_codec(self, codec: Codec) -> None:
         """Raise ValueError if this algorithm cannot carry ``codec``."""
 

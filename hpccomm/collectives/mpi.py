@@ -16,6 +16,9 @@ class MpiAllreduce(Algorithm):
             raise ValueError(f"algorithm 'mpi' sends dense values and takes codec='none', not "
                              f"{codec.name!r}; pick a compressed algorithm such as 'twoshot'")
 
+    def sends_dense(self, n, shape, key):
+        return True
+
     def reduce(self, x, out, state, ctx):
         """Dense values, lossless: no error feedback around the exchange."""
         ctx.call.n = x.size

@@ -59,6 +59,7 @@ Large messages
 from __future__ import annotations
 
 import itertools
+import time
 from typing import Callable, List, Optional, Sequence
 
 import numpy as np
@@ -87,6 +88,20 @@ def allreduce_bytes(nbytes: int, size: int) -> int:
     if nbytes <= ALLREDUCE_SHORT_BYTES:
         return (size - 1).bit_length() * nbytes
     return 2 * (size - 1) * nbytes // size
+
+
+def dense_allreduce(comm: MPI.Comm, send, recv: np.ndarray, call: CallStats) -> None:
+    """One plain ``MPI_Allreduce`` (sum) of a host array of at most
+    ``2**31 - 1`` elements, timed and accounted in ``call`` as
+    :meth:`Transport.allreduce` does -- without building a Transport: the
+    reducer's repeated dense call of a key (``send`` may be ``MPI.IN_PLACE``)."""
+    t0 = time.perf_counter()
+    comm.Allreduce(send, recv, op=MPI.SUM)
+    call.t_comm += time.perf_counter() - t0
+    moved = allreduce_bytes(recv.nbytes, comm.Get_size())
+    call.bytes_sent += moved
+    call.bytes_recv += moved
+    call.modelled = True
 
 
 def binomial_children(rank: int, size: int) -> int:
