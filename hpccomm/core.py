@@ -19,6 +19,8 @@ from .kernels import threads
 from .kernels.nonfinite import count_nonfinite
 from .memory import Memory, get_memory
 from .options import resolve_options
+from . import requests
+from .requests import Request
 from .state import KeyState
 from .stats import CallStats, Stats
 from .validation import agree, check_local
@@ -135,10 +137,12 @@ class Allreducer:
         """This rank's state: per key, the step count and the residuals.
 
         Residuals differ between ranks: every rank saves and loads its own."""
+        self._drain()
         return {"format": 1, "config": self.describe(), "rank": self.rank, "size": self.size,
                 "keys": {k: s.state_dict() for k, s in self._states.items()}}
 
     def load_state_dict(self, state: dict) -> None:
+        self._drain()
         if state.get("format") != 1:
             raise ValueError("unknown state_dict format")
         if state.get("config") != self.describe():
@@ -149,6 +153,7 @@ class Allreducer:
 
     def reset(self, key: Optional[str] = None) -> None:
         """Forget residuals and step counts (of one key, or of all)."""
+        self._drain()
         self._lean.clear()
         if key is None:
             self._states.clear()
@@ -158,6 +163,7 @@ class Allreducer:
     def close(self) -> None:
         """Release buffers and state.  The private communicator is shared
         and freed at interpreter exit."""
+        requests.drain()
         self._states.clear()
         self._lean.clear()
         self._staging = HostStaging()
@@ -219,6 +225,11 @@ class Allreducer:
         """Reduce ``x`` over all ranks; return the result as the same kind of
         object and shape (written into ``out`` when given; ``out`` may be
         ``x`` itself)."""
+        if requests.pending():
+            return self.start(x, key, out=out).wait()   # behind the started calls, in order
+        return self._call(x, key, out)
+
+    def _call(self, x: Any, key: Optional[str], out: Any) -> Any:
         if key is not None and type(x) is np.ndarray:
             lean = self._lean.get(key)
             if lean is not None and x.shape == lean.shape and x.dtype == lean.dtype:
@@ -237,11 +248,11 @@ class Allreducer:
                 buf = prepared[0]
                 desc = f"n={buf.size} dtype={buf.dtype} key={key!r} {self.describe()}"
                 if prepared[2]:
-                    deferred = functools.partial(agree, self.parent, desc)
+                    deferred = functools.partial(agree, self.comm, desc)
             else:
                 desc = "<error>"
             if deferred is None:
-                agree(self.parent, desc, err)
+                agree(self.comm, desc, err)
         elif err is not None:
             raise err
         if self._comm is None:
@@ -268,6 +279,39 @@ class Allreducer:
         if key is not None and type(x) is np.ndarray:
             self._remember_lean(key, x, buf, state, call, desc if self.check == "always" else None)
         return result
+
+    # ------------------------------------------------------------------ non-blocking
+    def start(self, x: Any, key: Optional[str] = None, *, out: Any = None) -> Request:
+        """Start reducing ``x``; return a :class:`~hpccomm.requests.Request`
+        whose ``wait()`` gives what ``self(x, key, out=out)`` gives, bit for
+        bit (see :mod:`hpccomm.requests`).  ``x`` (and ``out``) must not be
+        touched until then.  Every rank starts the same keys in the same order."""
+        request = Request(key)
+        if MPI.Query_thread() < MPI.THREAD_MULTIPLE:   # no thread may call MPI: run it now
+            try:
+                request._finish(self._call_checked(x, key, out), None)
+            except Exception as exc:  # noqa: BLE001 -- raised by wait(), as the thread would
+                request._finish(None, exc)
+            return request
+        if self._comm is None and self.config_error is None:
+            # collective, on the caller's thread, with no started call in flight: MPICH
+            # crashed making a communicator while another thread was in a collective
+            requests.drain()
+            self._comm = private_comm(self.parent)
+            threads.fit_to_node(ranks_on_node(self._comm))
+        requests.progress_thread().submit(request,
+                                          functools.partial(self._call_checked, x, key, out))
+        return request
+
+    def _call_checked(self, x: Any, key: Optional[str], out: Any) -> Any:
+        """A started call: the start order agreed first (unless the call's own
+        agreement covers it, or ``check="never"``), then the blocking call."""
+        if self.check == "first" and self.config_error is None:
+            agree(self.comm, f"start key={key!r} n={_length(x)}")
+        return self._call(x, key, out)
+
+    def _drain(self) -> None:
+        requests.drain()
 
     # ------------------------------------------------------------------ lean path
     def _remember_lean(self, key, x, buf, state, call, desc) -> None:
@@ -306,7 +350,7 @@ class Allreducer:
         if lean.scan and count_nonfinite(x.reshape(-1)):
             return None
         if lean.desc is not None:
-            agree(self.parent, lean.desc)
+            agree(self.comm, lean.desc)
         call = CallStats(key=lean.key, n=x.size, nbytes=x.nbytes, extra=dict(lean.extra))
         dense_allreduce(self._comm, send, res, call)
         if self.op == "mean":
@@ -403,3 +447,11 @@ class _Lean:
     def __init__(self, key, shape, dtype, desc, scan, state, extra):
         self.key, self.shape, self.dtype, self.desc, self.scan = key, shape, dtype, desc, scan
         self.state, self.extra = state, extra
+
+
+def _length(x: Any) -> Any:
+    """Elements of an array-like (numpy/CuPy ``size``, torch ``numel()``), or its type."""
+    n = getattr(x, "size", None)
+    if callable(n):
+        n = x.numel() if hasattr(x, "numel") else None
+    return n if isinstance(n, int) else type(x).__name__
