@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Seque
 import numpy as np
 
 from .core import Allreducer
+from .requests import Request
 
 
 @dataclass
@@ -124,6 +125,14 @@ class BucketRunner:
             reducer(target, key=b.key, out=target)
             if after is not None:
                 after(b, flat)
+
+    def start_bucket(self, index: int, flat: Any) -> Request:
+        """Start reducing bucket ``index``'s flat storage in place (non-blocking,
+        :meth:`hpccomm.Allreducer.start`); the request's result is ``run``'s."""
+        b = self.buckets[index]
+        reducer = self.dense_reducer if b.dense else self.reducer
+        target = flat.reshape(b.shape)
+        return reducer.start(target, key=b.key, out=target)
 
     def plan(self) -> List[Tuple[str, bool, List[str]]]:
         """``(key, dense, names)`` per bucket."""

@@ -48,6 +48,7 @@ class GradientBuckets(BucketRunner):
                          min_compress=min_compress, dense=dense, compress_1d=compress_1d,
                          prefix=prefix)
         self._flats = [np.empty(b.numel, dtype=np.float32) for b in self.buckets]
+        self._inflight = None
         for b, flat in zip(self.buckets, self._flats):
             b.buffer = flat
 
@@ -69,6 +70,33 @@ class GradientBuckets(BucketRunner):
                 grads[name].reshape(-1)[...] = flat[off:off + size]
 
         self.run(self._flats, fill, drain)
+
+    def start(self, grads: Mapping[str, np.ndarray]) -> None:
+        """Copy ``grads`` into the buckets and start every bucket's reduction
+        (non-blocking); :meth:`finish` waits and writes the reduced values
+        back into the same arrays.  The arrays may be reused (not read by the
+        reduction) as soon as ``start`` returns."""
+        if self._inflight is not None:
+            raise RuntimeError("start() called again before finish()")
+        missing = set(self.shapes) - set(grads)
+        if missing:
+            raise KeyError(f"gradients missing: {sorted(missing)}")
+        for b, flat in zip(self.buckets, self._flats):
+            for name, off, size in zip(b.names, b.offsets, b.sizes):
+                g = grads[name]
+                if g.shape != self.shapes[name]:
+                    raise ValueError(f"{name}: shape {g.shape}, planned {self.shapes[name]}")
+                flat[off:off + size] = g.reshape(-1)
+        self._inflight = (grads, [self.start_bucket(i, flat) for i, flat in enumerate(self._flats)])
+
+    def finish(self) -> None:
+        """Wait for the buckets started by :meth:`start`; write the results back."""
+        grads, reqs = self._inflight or (None, [])
+        self._inflight = None
+        for b, flat, req in zip(self.buckets, self._flats, reqs):
+            req.wait()
+            for name, off, size in zip(b.names, b.offsets, b.sizes):
+                grads[name].reshape(-1)[...] = flat[off:off + size]
 
     @property
     def bytes_sent(self) -> int:

@@ -23,9 +23,22 @@ If a gradient is no longer the bucket's view when ``reducer()`` runs (e.g.
 after ``zero_grad(set_to_none=True)``, PyTorch's default, or when a parameter
 got no gradient), it is copied into the bucket (zeros for ``None``) and the
 view is restored: correct, at the cost of one copy.
+
+``overlap=True`` reduces while backward still computes (DDP's scheme): a
+post-accumulate-grad hook on every parameter counts the gradients each bucket
+still waits for, and a bucket's reduction starts (non-blocking,
+:mod:`hpccomm.requests`) as soon as it has them all -- the buckets in one fixed
+order (by each bucket's earliest parameter, last first), whatever order the
+hooks fire in, so every rank starts the
+same keys in the same order.  ``reducer()`` (or ``reducer.finish()``) then waits
+for them; a bucket with a parameter that got no gradient (and every bucket
+after it in that order) starts only there, with zeros for it.  The
+results are bit-identical to ``overlap=False``.  One backward per step: call
+``reducer()`` before the next backward.
 """
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Tuple, Union
 
 from .buckets import BucketRunner
@@ -54,7 +67,8 @@ class GradReducer(BucketRunner):
     def __init__(self, params: Union["torch.nn.Module", Iterable], comm=None, *,  # noqa: F821
                  codec: str = "none", algorithm: str = "mpi", op: str = "mean",
                  bucket_bytes: int = 25 << 20, min_compress: int = 1024,
-                 dense: Iterable[str] = (), compress_1d: bool = False, **reducer_options):
+                 dense: Iterable[str] = (), compress_1d: bool = False, overlap: bool = False,
+                 **reducer_options):
         import torch
 
         self._torch = torch
@@ -87,6 +101,17 @@ class GradReducer(BucketRunner):
                 if p.grad is not None:
                     view.copy_(p.grad)
                 p.grad = view
+        self.overlap = bool(overlap)
+        if self.overlap:
+            self._bucket_of = {n: i for i, b in enumerate(self.buckets) for n in b.names}
+            # backward reaches parameters last-first: a bucket is complete when its
+            # earliest parameter is, so buckets start in that order (the same everywhere)
+            position = {n: k for k, (n, _) in enumerate(self.named)}
+            self._order = sorted(range(len(self.buckets)),
+                                 key=lambda i: -min(position[n] for n in self.buckets[i].names))
+            self._new_step()
+            for name, p in self.named:
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad, name))
 
     def _ensure_view(self, name: str, view) -> int:
         """Make ``p.grad`` the bucket view again; return 1 if a copy was needed."""
@@ -102,8 +127,65 @@ class GradReducer(BucketRunner):
         p.grad = view
         return 1
 
+    # ------------------------------------------------------------------ overlap
+    def _new_step(self) -> None:
+        self._waiting = [len(b.names) for b in self.buckets]   # gradients not yet accumulated
+        self._seen = set()
+        self._requests = []                      # in self._order
+        self._copies = 0
+
+    def _bucket_view(self, name: str):
+        b = self.buckets[self._bucket_of[name]]
+        i = b.names.index(name)
+        off, size = b.offsets[i], b.sizes[i]
+        return self._flat[self._bucket_of[name]][off:off + size].view(self._param[name].shape)
+
+    def _on_grad(self, name: str, param) -> None:
+        """Post-accumulate-grad hook: the gradient of ``name`` is final for this
+        backward.  A bucket starts when all its gradients are, and buckets
+        start in one fixed order (last first, DDP's), whatever order the
+        hooks fire in -- so every rank starts the same keys in the same order."""
+        if name in self._seen:
+            return                      # accumulated again in this step (reused parameter)
+        self._seen.add(name)
+        self._copies += self._ensure_view(name, self._bucket_view(name))
+        self._waiting[self._bucket_of[name]] -= 1
+        while (len(self._requests) < len(self._order)
+               and self._waiting[self._order[len(self._requests)]] == 0):
+            i = self._order[len(self._requests)]
+            self._requests.append(self.start_bucket(i, self._flat[i]))
+
+    @property
+    def started(self) -> int:
+        """Buckets of this step whose reduction has started (``overlap=True``)."""
+        return len(self._requests) if self.overlap else 0
+
+    def finish(self) -> int:
+        """Wait for every bucket of this step (starting, in order, those whose
+        parameters got no gradient: zeros); returns how many gradients had to
+        be copied into their bucket."""
+        if not self.overlap:
+            return self()
+        for i in self._order[len(self._requests):]:
+            for name in self.buckets[i].names:
+                if name not in self._seen:
+                    self._seen.add(name)
+                    self._copies += self._ensure_view(name, self._bucket_view(name))
+            self._requests.append(self.start_bucket(i, self._flat[i]))
+        copies = self._copies
+        try:
+            for req in self._requests:
+                req.wait()
+        finally:
+            self._new_step()
+        return copies
+
     def __call__(self) -> int:
-        """Reduce every gradient in place; returns how many had to be copied."""
+        """Reduce every gradient in place; returns how many had to be copied.
+        With ``overlap=True`` the buckets were started during backward: this
+        waits for them (:meth:`finish`)."""
+        if self.overlap:
+            return self.finish()
         copies = 0
 
         def ensure_views(b, flat):
