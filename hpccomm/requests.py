@@ -18,6 +18,13 @@ releases the GIL, e.g. PyTorch's backward).  MPICH measured no independent
 progress of non-blocking collectives here (``docs/results.md``), which is why
 the thread, not ``MPI_I*`` calls, carries the overlap.
 
+The thread waits for the wire politely: a transfer of its calls is a
+non-blocking MPI call tested every 200 µs (``HPCCOMM_PROGRESS_SLEEP_US``), the
+thread sleeping in between, so the core stays with the caller's compute while
+a NIC or the kernel's TCP stack moves the bytes.  (MPI's blocking calls poll
+at full speed: with one core per rank the polling thread would take half of
+the compute's core.)  The small agreement allreduce is still a blocking call.
+
 Requirements and fallbacks: the thread calls MPI while the caller may call MPI
 too, which needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default request).  Under a
 lower thread level (a site MPI, or ``MPI4PY_RC_THREAD_LEVEL``) ``start`` runs
@@ -42,9 +49,17 @@ blocking calls would.
 """
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from typing import Any, Callable, List, Optional
+
+from .collectives.transport import set_wait_interval
+
+#: how the progress thread waits for a transfer: tests it every this many
+#: seconds and sleeps in between (``HPCCOMM_PROGRESS_SLEEP_US``, default 200;
+#: 0: MPI's blocking calls, which poll a core at full speed)
+WAIT_INTERVAL = float(os.environ.get("HPCCOMM_PROGRESS_SLEEP_US", "200")) * 1e-6
 
 
 class Request:
@@ -121,6 +136,7 @@ class ProgressThread:
             self._idle.wait_for(lambda: self._pending == 0)
 
     def _loop(self) -> None:
+        set_wait_interval(WAIT_INTERVAL or None)
         while True:
             request, job = self._jobs.get()
             try:

@@ -336,3 +336,19 @@ def test_model_predictions():
     for key, r in rows.items():
         if key[2]:
             assert r["step_s"] <= rows[(key[0], key[1], False)]["step_s"] + 1e-12
+
+
+def test_overlap_bench_runs_and_records_every_variant(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "o.json"
+    proc = bench(2, "overlap", "--width", "64", "--depth", "2", "--batch", "8", "--steps", "2",
+                 "--warmup", "1", "--codec", "none,onebit", "--algorithm", "mpi,twoshot",
+                 "-J", str(out))
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    assert [(r["codec"], r["algorithm"]) for r in rows] == [("none", "mpi"), ("onebit", "twoshot")]
+    for r in rows:
+        assert all(r[k] > 0 for k in ("forward", "compute", "comm", "serial", "overlap"))
+        assert r["model_serial"] == pytest.approx(r["compute"] + r["comm"])
+    proc = bench(1, "overlap", "--codec", "none,onebit", "--algorithm", "mpi")
+    assert proc.returncode != 0 and "one entry per codec" in proc.stderr

@@ -11,6 +11,7 @@ Commands
     report      markdown table of allreduce results with the model's floor per row
     calibrate   measure MPI patterns and codec kernels for algorithm="auto" (under mpiexec)
     model       predicted step time / throughput of real networks for 2-512 ranks per codec
+    overlap     step time of a PyTorch MLP with and without reducing during backward (under mpiexec)
 """
 import argparse
 import os
@@ -31,6 +32,8 @@ COMMANDS = {
                                              "(under mpiexec/srun)"),
     "model": ("hpccomm.bench.model", "predicted training throughput of real networks, 2-512 "
                                      "ranks, per codec and link rate"),
+    "overlap": ("hpccomm.bench.overlap", "step time with and without overlapping the reduction "
+                                         "with backward (under mpiexec/srun)"),
     "report": ("hpccomm.bench.report", "markdown table of allreduce JSON with the model's floor"),
     "sparse": ("hpccomm.bench.sparse_allreduce", "sparse allreduce algorithms vs MPI_Allreduce by input "
                                        "density (under mpiexec/srun)"),

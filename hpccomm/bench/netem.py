@@ -223,7 +223,7 @@ def main(argv=None) -> int:
     p.add_argument("--burst", default="256kb", help="tbf burst (default 256kb)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds before giving up")
     p.add_argument("-v", "--verbose", action="store_true", help="print the ip/tc commands")
-    p.add_argument("--command", choices=("allreduce", "calibrate", "sparse"), default="allreduce",
+    p.add_argument("--command", choices=("allreduce", "calibrate", "sparse", "overlap"), default="allreduce",
                    help="the hpccomm.bench command to run across the network (default allreduce)")
     args = p.parse_args(own)
     if not 1 <= args.ranks <= 64:

@@ -59,6 +59,7 @@ Large messages
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 from typing import Callable, List, Optional, Sequence
 
@@ -78,6 +79,32 @@ ALLREDUCE_SHORT_BYTES = 2048
 
 _OPS = {"sum": MPI.SUM, "max": MPI.MAX}
 
+_waiting = threading.local()
+
+
+def set_wait_interval(seconds: Optional[float]) -> None:
+    """How this thread waits for its large transfers: ``None`` (default) in
+    MPI's own blocking calls, which poll at full speed; a number of seconds:
+    non-blocking calls tested at that interval, sleeping in between, so the
+    core is free for other threads while the wire (a NIC, the kernel's TCP
+    stack) moves the data.  The progress thread of non-blocking reductions
+    waits this way (:mod:`hpccomm.requests`)."""
+    _waiting.interval = seconds
+
+
+def _interval() -> Optional[float]:
+    return getattr(_waiting, "interval", None)
+
+
+def wait_all(requests: List[MPI.Request]) -> None:
+    """Complete ``requests`` the way this thread waits (:func:`set_wait_interval`)."""
+    interval = _interval()
+    if interval is None:
+        MPI.Request.Waitall(requests)
+        return
+    while not MPI.Request.Testall(requests):
+        time.sleep(interval)
+
 
 def allreduce_bytes(nbytes: int, size: int) -> int:
     """Modelled bytes one rank sends (and receives) in an allreduce of
@@ -96,7 +123,10 @@ def dense_allreduce(comm: MPI.Comm, send, recv: np.ndarray, call: CallStats) -> 
     :meth:`Transport.allreduce` does -- without building a Transport: the
     reducer's repeated dense call of a key (``send`` may be ``MPI.IN_PLACE``)."""
     t0 = time.perf_counter()
-    comm.Allreduce(send, recv, op=MPI.SUM)
+    if _interval() is None:
+        comm.Allreduce(send, recv, op=MPI.SUM)
+    else:
+        wait_all([comm.Iallreduce(send, recv, op=MPI.SUM)])
     call.t_comm += time.perf_counter() - t0
     moved = allreduce_bytes(recv.nbytes, comm.Get_size())
     call.bytes_sent += moved
@@ -179,7 +209,7 @@ class Request:
     def wait(self):
         if not self.done:
             with self._call.time("comm"):
-                MPI.Request.Waitall(self._requests)
+                wait_all(self._requests)
                 self._complete()
         return self._result
 
@@ -289,6 +319,8 @@ class Transport:
         return self._alltoallv(packets, recv_sizes, blocking=False, in_place=in_place)
 
     def _alltoallv(self, packets, recv_sizes, blocking, in_place=False):
+        if blocking and _interval() is not None:
+            return self._alltoallv(packets, recv_sizes, False, in_place).wait()
         P, r, comm = self.size, self.rank, self.comm
         send_counts = [int(p.size) for p in packets]
         sendbuf = _joined(packets)
@@ -354,6 +386,8 @@ class Transport:
         return self._allgatherv(packet, sizes, blocking=False)
 
     def _allgatherv(self, packet, sizes, blocking):
+        if blocking and _interval() is not None:
+            return self._allgatherv(packet, sizes, False).wait()
         P, r, comm = self.size, self.rank, self.comm
         types = _Types(self.block)
         with self.call.time("comm"):
@@ -415,6 +449,8 @@ class Transport:
         ``out`` (in place when ``out`` is None); returns the result buffer.
         ``buf`` is a numpy array or a device array MPI can read (then pass
         ``nbytes`` for the accounting)."""
+        if _interval() is not None:
+            return self.iallreduce(buf, out, op, nbytes).wait()
         with self.call.time("comm"):
             for send, recv in self._pieces(buf, out):
                 self.comm.Allreduce(send, recv, op=_OPS[op])
