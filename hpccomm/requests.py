@@ -18,12 +18,12 @@ releases the GIL, e.g. PyTorch's backward).  MPICH measured no independent
 progress of non-blocking collectives here (``docs/results.md``), which is why
 the thread, not ``MPI_I*`` calls, carries the overlap.
 
-The thread waits for the wire politely: a transfer of its calls is a
-non-blocking MPI call tested every 200 µs (``HPCCOMM_PROGRESS_SLEEP_US``), the
-thread sleeping in between, so the core stays with the caller's compute while
-a NIC or the kernel's TCP stack moves the bytes.  (MPI's blocking calls poll
-at full speed: with one core per rank the polling thread would take half of
-the compute's core.)  The small agreement allreduce is still a blocking call.
+The thread waits in MPI's blocking calls, which poll at full speed.
+``HPCCOMM_PROGRESS_SLEEP_US=N`` makes it wait with non-blocking calls tested
+every N µs, sleeping in between, to leave the core to the caller's compute;
+measured on the emulated 1 Gbit/s network (``docs/results.md``) that was no
+faster for dense buckets and 1.1-1.7x slower for pipelined ``twoshot`` (MPICH
+moves TCP data only while polled), so it is off by default.
 
 Requirements and fallbacks: the thread calls MPI while the caller may call MPI
 too, which needs ``MPI_THREAD_MULTIPLE`` (mpi4py's default request).  Under a
@@ -56,10 +56,10 @@ from typing import Any, Callable, List, Optional
 
 from .collectives.transport import set_wait_interval
 
-#: how the progress thread waits for a transfer: tests it every this many
-#: seconds and sleeps in between (``HPCCOMM_PROGRESS_SLEEP_US``, default 200;
-#: 0: MPI's blocking calls, which poll a core at full speed)
-WAIT_INTERVAL = float(os.environ.get("HPCCOMM_PROGRESS_SLEEP_US", "200")) * 1e-6
+#: how the progress thread waits for a transfer: 0 (default), in MPI's blocking
+#: calls; else tests it every this many seconds, sleeping in between
+#: (``HPCCOMM_PROGRESS_SLEEP_US``)
+WAIT_INTERVAL = float(os.environ.get("HPCCOMM_PROGRESS_SLEEP_US", "0")) * 1e-6
 
 
 class Request:

@@ -123,3 +123,21 @@ def test_done_callback_and_timeout():
     assert seen == ["cb", "again"]
     with pytest.raises(TimeoutError):
         hpccomm.requests.Request("never").wait(timeout=0.01)
+
+
+@pytest.mark.parametrize("codec,algorithm", CONFIGS + [("bf16", "twoshot"), ("topk", "twoshot")])
+def test_waiting_with_sleeps_gives_the_same_bits(codec, algorithm):
+    """HPCCOMM_PROGRESS_SLEEP_US's way of waiting (non-blocking calls, tested
+    between sleeps) on every pattern the algorithms use."""
+    from hpccomm.collectives.transport import set_wait_interval
+
+    xs = [rank_data(n, seed=n) for n in (1, 1000, 70001)]
+    want = [digest(hpccomm.Allreducer(COMM, codec=codec, algorithm=algorithm)(x, key="k"))
+            for x in xs]
+    set_wait_interval(5e-5)
+    try:
+        got = [digest(hpccomm.Allreducer(COMM, codec=codec, algorithm=algorithm)(x, key="k"))
+               for x in xs]
+    finally:
+        set_wait_interval(None)
+    assert got == want
