@@ -26,6 +26,10 @@ def test_readme_python_examples_run():
           "grads": {"fc.weight": rng.standard_normal((10, 64)).astype(np.float32),
                     "conv.weight": rng.standard_normal((64, 300)).astype(np.float32),
                     "conv.bias": rng.standard_normal(64).astype(np.float32)}}
+    try:
+        import torch  # noqa: F401
+    except ImportError:   # the PyTorch examples need it (./dev.sh installs a CPU build)
+        blocks = [b for b in blocks if "import torch" not in b]
     for block in blocks:
         exec(compile(block, README, "exec"), ns)  # noqa: S102 - our own documentation
     assert ns["comm"] is not None and ns["total"].shape == (1 << 24,)
