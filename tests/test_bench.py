@@ -352,3 +352,24 @@ def test_overlap_bench_runs_and_records_every_variant(tmp_path):
         assert r["model_serial"] == pytest.approx(r["compute"] + r["comm"])
     proc = bench(1, "overlap", "--codec", "none,onebit", "--algorithm", "mpi")
     assert proc.returncode != 0 and "one entry per codec" in proc.stderr
+
+
+@pytest.mark.skipif(_netem_possible() is not None, reason=f"netem: {_netem_possible()}")
+def test_netem_ranks_per_host_makes_nodes(tmp_path):
+    """--ranks-per-host 2 at 4 ranks: two emulated hosts of two ranks each;
+    the hierarchical algorithm runs on them and passes --check."""
+    before = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = tmp_path / "n.json"
+    proc = run([PY, "-m", "hpccomm.bench", "netem", "--ranks", "4", "--ranks-per-host", "2",
+                "--rate", "1gbit", "--", "-m", "1M:1M", "-i", "2", "-x", "1", "--no-progress",
+                "--codec", "onebit", "--algorithm", "hierarchical", "--check", "-J", str(out)],
+               timeout=300)
+    after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "4 ranks, 1gbit" in proc.stdout and "2 ranks per host" in proc.stdout
+    meta = json.loads(out.read_text())["meta"]
+    assert meta["ranks"] == 4
+    assert sorted(after.split()) == sorted(before.split()), "namespaces left behind"
+    bad = run([PY, "-m", "hpccomm.bench", "netem", "--ranks", "3", "--ranks-per-host", "2",
+               "--rate", "1gbit"])
+    assert bad.returncode != 0 and "--ranks-per-host must divide" in bad.stderr

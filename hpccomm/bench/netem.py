@@ -154,10 +154,11 @@ def _mpiexec() -> str:
 
 
 def launch_command(cluster: Cluster, mpi: str, bench_args: List[str],
-                   command: str = "allreduce") -> List[str]:
+                   command: str = "allreduce", per_host: int = 1) -> List[str]:
     """The command (run from rank 0's namespace) that starts the benchmark
-    (``command``: a ``hpccomm.bench`` command run under MPI)."""
-    n = cluster.ranks
+    (``command``: a ``hpccomm.bench`` command run under MPI), ``per_host``
+    ranks in each host's namespace (they share memory, as on a node)."""
+    n = cluster.ranks * per_host
     py = [sys.executable, "-m", "mpi4py", "-m", "hpccomm.bench", command, *bench_args]
     mpiexec = _mpiexec()
     if cluster.mode == "shared":
@@ -168,13 +169,14 @@ def launch_command(cluster: Cluster, mpi: str, bench_args: List[str],
                      "--mca", "btl", "tcp,self", "--mca", "btl_tcp_if_include", "lo",
                      "--mca", "mpi_yield_when_idle", "1", "-n", str(n), *py]
         return ["ip", "netns", "exec", cluster.host_ns(0), *inner]
-    hosts = [cluster.addr(i) for i in range(n)]
+    hosts = [cluster.addr(i) for i in range(cluster.ranks)]
     if mpi == "mpich":
         inner = [mpiexec, "-launcher", "ssh", "-launcher-exec", cluster.nsexec,
-                 "-localhost", hosts[0], "-hosts", ",".join(hosts), "-n", str(n), "-ppn", "1", *py]
+                 "-localhost", hosts[0], "-hosts", ",".join(hosts), "-n", str(n),
+                 "-ppn", str(per_host), *py]
     else:
         inner = [mpiexec, "--prtemca", "plm_ssh_agent", cluster.nsexec,
-                 "--host", ",".join(f"{h}:1" for h in hosts), "--bind-to", "none",
+                 "--host", ",".join(f"{h}:{per_host}" for h in hosts), "--bind-to", "none",
                  "--mca", "mpi_yield_when_idle", "1", "--mca", "pml", "ob1", "--mca", "btl",
                  "tcp,self", "--mca", "btl_tcp_if_include", "veth0", "-n", str(n), *py]
     script = f"hostname r0; exec {' '.join(shlex.quote(a) for a in inner)}"
@@ -213,7 +215,10 @@ def main(argv=None) -> int:
         description="Run the allreduce benchmark across an emulated cluster network "
                     "(root; Linux namespaces + tc tbf). Arguments after -- go to "
                     "'hpccomm.bench allreduce' (or --command).")
-    p.add_argument("--ranks", type=int, required=True, help="number of ranks (hosts)")
+    p.add_argument("--ranks", type=int, required=True, help="number of ranks")
+    p.add_argument("--ranks-per-host", type=int, default=1,
+                   help="ranks in each emulated host (they share memory, as on a node; "
+                        "--ranks must be a multiple; per-host mode)")
     p.add_argument("--rate", type=parse_rate, required=True,
                    help="link rate per NIC (per-host) or for the shared loopback, e.g. 1gbit; "
                         "0.1-4 gbit is faithful on 2 cores, 10gbit is not")
@@ -228,6 +233,10 @@ def main(argv=None) -> int:
     args = p.parse_args(own)
     if not 1 <= args.ranks <= 64:
         p.error("--ranks must be between 1 and 64")
+    per_host = args.ranks_per_host
+    if per_host < 1 or args.ranks % per_host or (per_host > 1 and args.mode != "per-host"):
+        p.error("--ranks-per-host must divide --ranks (per-host mode)")
+    hosts = args.ranks // per_host
     preflight()
     mpi = args.mpi or detect_mpi()
     if rate_bits(args.rate) > 4e9:
@@ -238,13 +247,14 @@ def main(argv=None) -> int:
         raise KeyboardInterrupt
 
     old = signal.signal(signal.SIGTERM, on_signal)
-    cluster = Cluster(args.ranks, args.rate, args.mode, burst=args.burst, verbose=args.verbose)
+    cluster = Cluster(hosts if args.mode == "per-host" else args.ranks, args.rate, args.mode,
+                      burst=args.burst, verbose=args.verbose)
     try:
         cluster.build()
         print(f"# netem: {args.mode}, {args.ranks} ranks, {args.rate} per "
               f"{'NIC (both directions)' if args.mode == 'per-host' else 'shared loopback'}, "
-              f"MPI {mpi}", flush=True)
-        cmd = launch_command(cluster, mpi, bench_args, args.command)
+              f"MPI {mpi}" + (f", {per_host} ranks per host" if per_host > 1 else ""), flush=True)
+        cmd = launch_command(cluster, mpi, bench_args, args.command, per_host)
         if args.verbose:
             print("+", " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
         proc = subprocess.run(cmd, env=launch_env(args.mode, mpi), timeout=args.timeout)

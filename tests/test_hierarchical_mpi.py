@@ -1,0 +1,94 @@
+"""``hierarchical``: dense inside a node, the codec across nodes.  Nodes are
+forced with ``nodes=`` (2 hosts at P = 4, 3 hosts of unequal sizes at P = 5,
+...), and the result must equal a single-process simulation of the three
+steps, bit for bit, on every rank."""
+import numpy as np
+import pytest
+
+import hpccomm
+from hpccomm.collectives.base import chunk_bounds
+
+from .helpers import COMM, SIZE, digest, exact_sum, rank_data, same_on_all_ranks
+from .test_collectives_mpi import CODEC_PARAMS, SEED, make_codec, simulate
+
+pytestmark = pytest.mark.mpi
+
+LAYOUTS = {  # node id per rank, per communicator size
+    1: [[0]], 2: [[0, 0], [0, 1]], 3: [[0, 0, 1], [0, 1, 1], [5, 5, 5]],
+    4: [[0, 0, 1, 1], [0, 1, 0, 1], [0, 0, 0, 1]], 5: [[0, 0, 1, 1, 2], [2, 0, 2, 1, 0]],
+}
+
+
+def simulate_hierarchical(codec, outer, xs, nodes, steps_seed=SEED):
+    """The three steps in one process: node sums in rank order, the outer
+    algorithm per share over the nodes (ordered by lowest rank), the gather."""
+    n = xs[0].size
+    firsts = [min(r for r, h in enumerate(nodes) if h == nodes[q]) for q in range(len(nodes))]
+    order = sorted(set(firsts))
+    members = [[r for r in range(len(nodes)) if firsts[r] == f] for f in order]
+    S = max(len(m) for m in members)
+    b = chunk_bounds(n, S)
+    partial = []
+    for m in members:
+        acc = np.zeros(n, dtype=np.float32)
+        for r in m:
+            acc += xs[r]
+        partial.append(acc)
+    out = np.empty(n, dtype=np.float32)
+    for s in range(S):
+        share = [p[b[s]:b[s + 1]] for p in partial]
+        out[b[s]:b[s + 1]] = simulate(codec, outer, share, (b[s + 1] - b[s],),
+                                      seed=steps_seed * 1_000_003 + s)
+    return out
+
+
+def layouts():
+    return [tuple(lay) for lay in LAYOUTS.get(SIZE, [[r // 2 for r in range(SIZE)]])]
+
+
+@pytest.mark.parametrize("nodes", layouts())
+@pytest.mark.parametrize("codec,outer", [("onebit", "twoshot"), ("qsgd", "twoshot"),
+                                         ("topk", "allgather"), ("terngrad", "twoshot"),
+                                         ("bf16", "allgather")])
+@pytest.mark.parametrize("n", [0, 1, 7, 1000, 4097])
+def test_matches_single_process_simulation(codec, outer, nodes, n):
+    x = rank_data(n, seed=5)
+    reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="hierarchical", outer=outer,
+                                 nodes=nodes, seed=SEED, error_feedback=False,
+                                 **CODEC_PARAMS.get(codec, {}))
+    got = reducer(x, key="h")
+    xs = COMM.allgather(x)
+    want = simulate_hierarchical(make_codec(codec), outer, xs, list(nodes))
+    assert same_on_all_ranks(got)
+    assert digest(got) == digest(want)
+
+
+@pytest.mark.parametrize("nodes", layouts())
+def test_none_codec_is_exact_on_integers(nodes):
+    x = rank_data(3001, integers=True)
+    got = hpccomm.Allreducer(COMM, codec="none", algorithm="hierarchical", nodes=nodes)(x)
+    np.testing.assert_array_equal(got, exact_sum(3001, integers=True).astype(np.float32))
+
+
+@pytest.mark.mpi(min_size=2)
+def test_error_feedback_and_state_dict_resume_bit_for_bit():
+    nodes = tuple(r % 2 for r in range(SIZE))     # two nodes: the codec runs across them
+    mk = lambda: hpccomm.Allreducer(COMM, codec="onebit", algorithm="hierarchical",  # noqa: E731
+                                    nodes=nodes)
+    a = mk()
+    for step in range(3):
+        a(rank_data(2000, seed=step), key="k")
+    saved = a.state_dict()
+    assert any(k.startswith("share") for k in saved["keys"]["k"]["residuals"])
+    want = digest(a(rank_data(2000, seed=9), key="k"))
+    b = mk()
+    b.load_state_dict(saved)
+    assert digest(b(rank_data(2000, seed=9), key="k")) == want
+
+
+def test_bad_nodes_option_is_the_same_error_everywhere():
+    from .helpers import raise_everywhere
+
+    r = hpccomm.Allreducer(COMM, codec="onebit", algorithm="hierarchical", nodes=(0,) * (SIZE + 1))
+    (name, message), same = raise_everywhere(lambda: r(rank_data(10)))
+    assert same and name == "ValueError" and "nodes lists" in message
