@@ -18,8 +18,8 @@ from .errors import ConsistencyError, nonfinite_input
 from .kernels import threads
 from .kernels.nonfinite import count_nonfinite
 from .memory import Memory, get_memory
-from .options import resolve_options
 from . import requests
+from .options import resolve_options
 from .requests import Request
 from .state import KeyState
 from .stats import CallStats, Stats
@@ -137,12 +137,12 @@ class Allreducer:
         """This rank's state: per key, the step count and the residuals.
 
         Residuals differ between ranks: every rank saves and loads its own."""
-        self._drain()
+        requests.drain()
         return {"format": 1, "config": self.describe(), "rank": self.rank, "size": self.size,
                 "keys": {k: s.state_dict() for k, s in self._states.items()}}
 
     def load_state_dict(self, state: dict) -> None:
-        self._drain()
+        requests.drain()
         if state.get("format") != 1:
             raise ValueError("unknown state_dict format")
         if state.get("config") != self.describe():
@@ -153,7 +153,7 @@ class Allreducer:
 
     def reset(self, key: Optional[str] = None) -> None:
         """Forget residuals and step counts (of one key, or of all)."""
-        self._drain()
+        requests.drain()
         self._lean.clear()
         if key is None:
             self._states.clear()
@@ -309,9 +309,6 @@ class Allreducer:
         if self.check == "first" and self.config_error is None:
             agree(self.comm, f"start key={key!r} n={_length(x)}")
         return self._call(x, key, out)
-
-    def _drain(self) -> None:
-        requests.drain()
 
     # ------------------------------------------------------------------ lean path
     def _remember_lean(self, key, x, buf, state, call, desc) -> None:

@@ -54,22 +54,9 @@ class GradientBuckets(BucketRunner):
 
     def reduce(self, grads: Mapping[str, np.ndarray]) -> None:
         """Reduce ``grads`` in place (every array gets its reduced value)."""
-        missing = set(self.shapes) - set(grads)
-        if missing:
-            raise KeyError(f"gradients missing: {sorted(missing)}")
-
-        def fill(b, flat):
-            for name, off, size in zip(b.names, b.offsets, b.sizes):
-                g = grads[name]
-                if g.shape != self.shapes[name]:
-                    raise ValueError(f"{name}: shape {g.shape}, planned {self.shapes[name]}")
-                flat[off:off + size] = g.reshape(-1)
-
-        def drain(b, flat):
-            for name, off, size in zip(b.names, b.offsets, b.sizes):
-                grads[name].reshape(-1)[...] = flat[off:off + size]
-
-        self.run(self._flats, fill, drain)
+        self._check(grads)
+        self.run(self._flats, lambda b, flat: self._fill(grads, b, flat),
+                 lambda b, flat: self._drain(grads, b, flat))
 
     def start(self, grads: Mapping[str, np.ndarray]) -> None:
         """Copy ``grads`` into the buckets and start every bucket's reduction
@@ -78,15 +65,9 @@ class GradientBuckets(BucketRunner):
         reduction) as soon as ``start`` returns."""
         if self._inflight is not None:
             raise RuntimeError("start() called again before finish()")
-        missing = set(self.shapes) - set(grads)
-        if missing:
-            raise KeyError(f"gradients missing: {sorted(missing)}")
+        self._check(grads)
         for b, flat in zip(self.buckets, self._flats):
-            for name, off, size in zip(b.names, b.offsets, b.sizes):
-                g = grads[name]
-                if g.shape != self.shapes[name]:
-                    raise ValueError(f"{name}: shape {g.shape}, planned {self.shapes[name]}")
-                flat[off:off + size] = g.reshape(-1)
+            self._fill(grads, b, flat)
         self._inflight = (grads, [self.start_bucket(i, flat) for i, flat in enumerate(self._flats)])
 
     def finish(self) -> None:
@@ -95,8 +76,24 @@ class GradientBuckets(BucketRunner):
         self._inflight = None
         for b, flat, req in zip(self.buckets, self._flats, reqs):
             req.wait()
-            for name, off, size in zip(b.names, b.offsets, b.sizes):
-                grads[name].reshape(-1)[...] = flat[off:off + size]
+            self._drain(grads, b, flat)
+
+    def _check(self, grads: Mapping[str, np.ndarray]) -> None:
+        missing = set(self.shapes) - set(grads)
+        if missing:
+            raise KeyError(f"gradients missing: {sorted(missing)}")
+
+    def _fill(self, grads, b, flat) -> None:
+        for name, off, size in zip(b.names, b.offsets, b.sizes):
+            g = grads[name]
+            if g.shape != self.shapes[name]:
+                raise ValueError(f"{name}: shape {g.shape}, planned {self.shapes[name]}")
+            flat[off:off + size] = g.reshape(-1)
+
+    @staticmethod
+    def _drain(grads, b, flat) -> None:
+        for name, off, size in zip(b.names, b.offsets, b.sizes):
+            grads[name].reshape(-1)[...] = flat[off:off + size]
 
     @property
     def bytes_sent(self) -> int:

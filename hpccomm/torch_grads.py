@@ -92,18 +92,20 @@ class GradReducer(BucketRunner):
                          compress_1d=compress_1d, prefix="torch")
         self._param = dict(self.named)
         self._flat = []
-        for b in self.buckets:
+        #: per parameter, its gradient's view of its bucket, and the bucket's index
+        self._view, self._bucket_of = {}, {}
+        for i, b in enumerate(self.buckets):
             flat = torch.zeros(b.numel, dtype=torch.float32, device=self.device)
             self._flat.append(flat)
             for name, off, size in zip(b.names, b.offsets, b.sizes):
                 p = self._param[name]
-                view = flat[off:off + size].view_as(p)
+                view = self._view[name] = flat[off:off + size].view_as(p)
+                self._bucket_of[name] = i
                 if p.grad is not None:
                     view.copy_(p.grad)
                 p.grad = view
         self.overlap = bool(overlap)
         if self.overlap:
-            self._bucket_of = {n: i for i, b in enumerate(self.buckets) for n in b.names}
             # backward reaches parameters last-first: a bucket is complete when its
             # earliest parameter is, so buckets start in that order (the same everywhere)
             position = {n: k for k, (n, _) in enumerate(self.named)}
@@ -134,11 +136,10 @@ class GradReducer(BucketRunner):
         self._requests = []                      # in self._order
         self._copies = 0
 
-    def _bucket_view(self, name: str):
-        b = self.buckets[self._bucket_of[name]]
-        i = b.names.index(name)
-        off, size = b.offsets[i], b.sizes[i]
-        return self._flat[self._bucket_of[name]][off:off + size].view(self._param[name].shape)
+    def _settle(self, name: str) -> None:
+        """``name``'s gradient is final for this step: back in its bucket view."""
+        self._seen.add(name)
+        self._copies += self._ensure_view(name, self._view[name])
 
     def _on_grad(self, name: str, param) -> None:
         """Post-accumulate-grad hook: the gradient of ``name`` is final for this
@@ -147,8 +148,7 @@ class GradReducer(BucketRunner):
         hooks fire in -- so every rank starts the same keys in the same order."""
         if name in self._seen:
             return                      # accumulated again in this step (reused parameter)
-        self._seen.add(name)
-        self._copies += self._ensure_view(name, self._bucket_view(name))
+        self._settle(name)
         self._waiting[self._bucket_of[name]] -= 1
         while (len(self._requests) < len(self._order)
                and self._waiting[self._order[len(self._requests)]] == 0):
@@ -169,8 +169,7 @@ class GradReducer(BucketRunner):
         for i in self._order[len(self._requests):]:
             for name in self.buckets[i].names:
                 if name not in self._seen:
-                    self._seen.add(name)
-                    self._copies += self._ensure_view(name, self._bucket_view(name))
+                    self._settle(name)
             self._requests.append(self.start_bucket(i, self._flat[i]))
         copies = self._copies
         try:
@@ -190,8 +189,8 @@ class GradReducer(BucketRunner):
 
         def ensure_views(b, flat):
             nonlocal copies
-            for name, off, size in zip(b.names, b.offsets, b.sizes):
-                copies += self._ensure_view(name, flat[off:off + size].view(self._param[name].shape))
+            for name in b.names:
+                copies += self._ensure_view(name, self._view[name])
 
         self.run(self._flat, ensure_views)
         return copies

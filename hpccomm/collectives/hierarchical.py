@@ -54,21 +54,17 @@ class _Layout:
             local = comm.Split(firsts[rank], key=rank)
         order = sorted(set(firsts))
         self.node = order.index(firsts[rank])             #: this rank's node index
-        self.nodes = len(order)
         self.local = local                                  #: the node's communicator
         self.L = local.Get_size()
         self.i = local.Get_rank()
         self.S = comm.allreduce(self.L, op=MPI.MAX)        #: shares of the vector
-        self.owned = [s for s in range(self.S) if s % self.L == self.i]
+        self.owned = list(range(self.i, self.S, self.L))
         #: per share this rank owns: the communicator of that share's owners
         self.cross: Dict[int, MPI.Comm] = {}
         for s in range(self.S):
             sub = comm.Split(0 if s in self.owned else MPI.UNDEFINED, key=self.node)
             if sub != MPI.COMM_NULL:
                 self.cross[s] = sub
-
-    def owner(self, s: int) -> int:
-        return s % self.L
 
 
 @register_algorithm
@@ -109,10 +105,12 @@ class Hierarchical(Algorithm):
         # 1. reduce-scatter inside the node: owner j gets every rank's slices of its shares
         local = Transport(lay.local, call)
         mine = lay.owned
-        mine_len = sum(int(b[s + 1] - b[s]) for s in mine)
+        # elements of the shares local rank j owns (shares j, j + L, ...)
+        owned_len = [sum(int(b[s + 1] - b[s]) for s in range(j, S, L)) for j in range(L)]
+        mine_len = owned_len[lay.i]
         packets: List[np.ndarray] = []
         for j in range(L):
-            parts = [x[b[s]:b[s + 1]] for s in range(S) if s % L == j]
+            parts = [x[b[s]:b[s + 1]] for s in range(j, S, L)]
             packets.append(np.concatenate(parts).view(np.uint8) if parts
                            else np.empty(0, np.uint8))
         got = local.alltoallv(packets, [4 * mine_len] * L)
@@ -133,8 +131,7 @@ class Hierarchical(Algorithm):
             self._keep_share_state(state, s, sub)
             off += m
         # 3. allgather inside the node
-        sizes = [4 * sum(int(b[s + 1] - b[s]) for s in range(S) if s % L == j) for j in range(L)]
-        whole = local.allgatherv(reduced.view(np.uint8), sizes)
+        whole = local.allgatherv(reduced.view(np.uint8), [4 * m for m in owned_len])
         for j in range(L):
             data, pos = whole[j].view(np.float32), 0
             for s in range(j, S, L):
