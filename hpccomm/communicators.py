@@ -7,21 +7,49 @@ first call that passed validation, in the same order on every rank.
 """
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, Optional
 
 from mpi4py import MPI
 
-_DUPS: Dict[int, MPI.Comm] = {}
+_KEYVAL: Optional[int] = None
+
+
+def _release_cache(comm: MPI.Comm, keyval: int, cache: Dict[Any, Any]) -> None:
+    """``comm`` is being freed: release what was cached on it, newest first."""
+    for value in reversed(list(cache.values())):
+        if isinstance(value, MPI.Comm):
+            if value != MPI.COMM_NULL:
+                value.Free()
+        else:
+            value.release()
+    cache.clear()
+
+
+def comm_cache(comm: MPI.Comm) -> Dict[Any, Any]:
+    """A dict that lives exactly as long as ``comm``: an MPI attribute whose
+    delete callback MPI calls when the user frees ``comm``, which then frees
+    the communicators stored in it and calls ``release()`` on its other
+    values.  (A cache by handle would outlive the communicator: MPICH reuses
+    a freed communicator's handle for the next one.)  Not copied by
+    ``Dup``."""
+    global _KEYVAL
+    if _KEYVAL is None:
+        _KEYVAL = MPI.Comm.Create_keyval(delete_fn=_release_cache)
+    cache = comm.Get_attr(_KEYVAL)
+    if cache is None:
+        cache = {}
+        comm.Set_attr(_KEYVAL, cache)
+    return cache
 
 
 def private_comm(comm: MPI.Comm) -> MPI.Comm:
-    """The private duplicate of ``comm`` (collective on its first use)."""
-    handle = comm.py2f()
-    dup = _DUPS.get(handle)
-    if dup is None or dup == MPI.COMM_NULL:
-        dup = comm.Dup()
+    """The private duplicate of ``comm`` (collective on its first use), freed
+    when ``comm`` is."""
+    cache = comm_cache(comm)
+    dup = cache.get("private")
+    if dup is None:
+        dup = cache["private"] = comm.Dup()
         dup.Set_name(f"hpccomm:{comm.Get_name()}")
-        _DUPS[handle] = dup
     return dup
 
 
