@@ -30,8 +30,8 @@ def simulate_hierarchical(codec, outer, xs, nodes, steps_seed=SEED):
     b = chunk_bounds(n, S)
     partial = []
     for m in members:
-        acc = np.zeros(n, dtype=np.float32)
-        for r in m:
+        acc = xs[m[0]].copy()
+        for r in m[1:]:
             acc += xs[r]
         partial.append(acc)
     out = np.empty(n, dtype=np.float32)
@@ -92,3 +92,53 @@ def test_bad_nodes_option_is_the_same_error_everywhere():
     r = hpccomm.Allreducer(COMM, codec="onebit", algorithm="hierarchical", nodes=(0,) * (SIZE + 1))
     (name, message), same = raise_everywhere(lambda: r(rank_data(10)))
     assert same and name == "ValueError" and "nodes lists" in message
+
+
+@pytest.mark.mpi(min_size=2)
+def test_calls_back_to_back_with_growing_and_shrinking_sizes():
+    """The node's shared block is written and read without a closing barrier
+    (alternate calls use alternate halves) and grows with ``n``: successive
+    calls of changing sizes, then the same calls again with local rank 1 of
+    each node slow to read what the others wrote (with one half, the others'
+    next call overwrites it), each equal to the simulation."""
+    import time
+
+    comm = COMM.Dup()            # its own private communicator: its own node layout
+    nodes = tuple(r // 2 for r in range(SIZE))
+    r = hpccomm.Allreducer(comm, codec="bf16", algorithm="hierarchical", outer="allgather",
+                           nodes=nodes, seed=SEED, check="never")   # no agreement per call
+    sizes = [10, 5000, 4999, 20000, 7, 20000, 3, 40000, 1]
+    xs = [rank_data(n, seed=100 + step) for step, n in enumerate(sizes)]
+    wants = [simulate_hierarchical(make_codec("bf16"), "allgather", COMM.allgather(x),
+                                   list(nodes)) for x in xs]
+    got = [r(x, key=str(x.size)) for x in xs]     # grows the block; the keys' first calls agree
+    if COMM.rank % 2 == 1:
+        lay, fence = r.algorithm._layout, r.algorithm._layout.fence
+        lay.fence = lambda: (fence(), time.sleep(0.02))
+    got += [r(x, key=str(x.size)) for x in xs]    # nothing else synchronises these calls
+    for step, (g, w) in enumerate(zip(got, wants + wants)):
+        assert digest(g) == digest(w), (step, sizes[step % len(sizes)])
+    comm.Free()
+
+
+@pytest.mark.mpi(min_size=2)
+def test_no_shared_memory_is_the_same_error_everywhere():
+    from hpccomm.collectives import hierarchical
+
+    from .helpers import raise_everywhere
+
+    comm = COMM.Dup()            # a fresh private communicator: a fresh node block
+    saved = hierarchical._SHM_DIR
+    if COMM.rank == 0:
+        hierarchical._SHM_DIR = "/nonexistent-hpccomm-dir"
+    try:
+        r = hpccomm.Allreducer(comm, codec="none", algorithm="hierarchical",
+                               nodes=tuple(q // 2 for q in range(SIZE)))
+        (name, message), same = raise_everywhere(lambda: r(rank_data(1000)))
+    finally:
+        hierarchical._SHM_DIR = saved
+    assert same and name == "MemoryError" and "shared memory" in message
+    # the next call makes the block and is right
+    np.testing.assert_array_equal(r(rank_data(1000, integers=True)),
+                                  exact_sum(1000, integers=True).astype(np.float32))
+    comm.Free()

@@ -6,41 +6,60 @@ slow (S-Caffe's hierarchical reduce; ZeRO++'s qgZ).  With nodes of L_k ranks
 and S = max_k L_k shares of the vector (``chunk_bounds(n, S)``), local rank i
 of a node of L ranks owns shares {s : s mod L = i}:
 
-1. **Reduce-scatter inside the node** (dense, exact in float32 order): every
-   rank sends each owner the slices of its shares (one ``MPI_Alltoallv`` on
-   the node communicator); the owner sums them in local-rank order.
+1. **Reduce-scatter inside the node**, through a block of memory the node's
+   ranks share (two float32 segments of n per rank, see
+   :meth:`_Layout.segments`): every rank copies the shares others own into
+   its segment; a barrier on the node; each owner sums its shares in
+   local-rank order (its own slice read from its input, no copy).
 2. **Across nodes, per share s in increasing order**: the owners of share s
    (one per node, ordered by node) run the ``outer`` algorithm with the
-   reducer's codec on their node's partial sum -- error feedback, random
-   streams and bit identity are the outer algorithm's, each share with its
-   own residuals (saved in the key's state under ``share<s>/``) and its own
-   seed.  Increasing s on every rank keeps the per-share collectives ordered.
-3. **Allgather inside the node**: every owner's reduced shares to every rank
-   of its node (``MPI_Allgatherv``).
+   reducer's codec on their node's sum -- error feedback, random streams and
+   bit identity are the outer algorithm's, each share with its own residuals
+   (saved in the key's state under ``share<s>/``) and its own seed.
+   Increasing s on every rank keeps the per-share collectives ordered.  The
+   owner writes the result into ``out`` and its segment.
+3. **Allgather inside the node**: a barrier on the node, then every rank
+   copies the other owners' results from their segments into ``out``.
+
+Passes over memory per rank (n elements, L ranks per node): (L-1)/L n copied
+in, n/L x L read for the sum, the outer algorithm on n/L, n/L copied to the
+segment, (L-1)/L n copied out -- no MPI messages inside the node, and two
+barriers.  Consecutive calls use alternate segments, so no closing barrier is
+needed: a rank cannot write a segment again before every rank of its node
+has passed the next call's first barrier, i.e. finished reading this call's.
 
 Wire bytes across nodes: the outer algorithm's on n / S elements per owner,
 instead of the flat algorithm's on n elements per rank.
 
 Nodes: ``MPI_Comm_split_type(COMM_TYPE_SHARED)``, or ``nodes``: a node id per
-rank (the same list on every rank; for tests and emulated clusters).  Nodes are
-ordered by their lowest rank; local ranks follow global ranks.  Options:
+rank (the same list on every rank; for tests and emulated clusters; the ranks
+given one node must share memory, else a ``ValueError`` on every rank).  Nodes
+are ordered by their lowest rank; local ranks follow global ranks.  The layout
+(node and per-share communicators, the shared block) is made on the first
+call and cached on the communicator until it is freed.  Options:
 ``outer`` (default ``"twoshot"``), ``nodes``.  The dense step inside a node
 carries no codec.
 """
 from __future__ import annotations
 
+import mmap
+import os
+import tempfile
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 from mpi4py import MPI
 
+from ..communicators import comm_cache
 from ..state import KeyState
 from .base import Algorithm, ReduceContext, chunk_bounds, get_algorithm_class, register_algorithm
 from .transport import Transport
 
 
 class _Layout:
-    """The node structure of one communicator (made once, collectively)."""
+    """The node structure of one communicator (made once, collectively, and
+    shared by every ``hierarchical`` reducer on that communicator: their
+    calls are ordered on it)."""
 
     def __init__(self, comm: MPI.Comm, nodes: Optional[Sequence[int]]):
         rank = comm.Get_rank()
@@ -52,6 +71,13 @@ class _Layout:
             ids = list(nodes)
             firsts = [min(r for r, h in enumerate(ids) if h == ids[q]) for q in range(len(ids))]
             local = comm.Split(firsts[rank], key=rank)
+        shm = local.Split_type(MPI.COMM_TYPE_SHARED)
+        shared = comm.allreduce(shm.Get_size() == local.Get_size(), op=MPI.LAND)
+        shm.Free()
+        if not shared:
+            local.Free()
+            raise ValueError("hierarchical: the ranks of a node must share memory "
+                             "(nodes= groups ranks of different hosts)")
         order = sorted(set(firsts))
         self.node = order.index(firsts[rank])             #: this rank's node index
         self.local = local                                  #: the node's communicator
@@ -65,6 +91,100 @@ class _Layout:
             sub = comm.Split(0 if s in self.owned else MPI.UNDEFINED, key=self.node)
             if sub != MPI.COMM_NULL:
                 self.cross[s] = sub
+        self._block: Optional[mmap.mmap] = None
+        self._segments: List[np.ndarray] = []
+        self._capacity = 0
+        self._calls = 0
+
+    def segments(self, comm: MPI.Comm, n: int) -> Optional[List[np.ndarray]]:
+        """Every local rank's segment of ``n`` float32 for this call, in one
+        block of memory shared by the node (None on a node of one rank).  The
+        block holds two segments per rank, used by alternate calls, so a rank
+        that leaves a call early cannot overwrite what a slower rank still
+        reads.  It grows when ``n`` outgrows it: every rank makes the same
+        calls, so every rank grows it in the same call, and a failure (no
+        room in ``/dev/shm``) is raised on every rank of ``comm``."""
+        if n > self._capacity:
+            self._segments, self._block = [], None
+            err = None
+            if self.L > 1:
+                try:
+                    self._block = shared_block(self.local, 2 * self.L * n * 4)
+                except OSError as exc:
+                    err = str(exc)
+            errs = [e for e in comm.allgather(err) if e is not None]
+            if errs:
+                self._capacity = 0
+                raise MemoryError(f"hierarchical: no shared memory for {n} elements "
+                                  f"per rank on a node: {errs[0]}")
+            if self._block is not None:
+                whole = np.frombuffer(self._block, dtype=np.float32)
+                self._segments = [whole[j * 2 * n:(j + 1) * 2 * n] for j in range(self.L)]
+            self._capacity = n
+        if not self._segments:
+            return None
+        half = self._calls % 2
+        self._calls += 1
+        lo = half * self._capacity
+        return [seg[lo:lo + n] for seg in self._segments]
+
+    def release(self) -> None:
+        """Free the node's communicators and unmap the block (when the
+        communicator it was made for is freed)."""
+        self._segments, self._block, self._capacity = [], None, 0
+        for c in [self.local, *self.cross.values()]:
+            c.Free()
+        self.cross = {}
+
+    def fence(self) -> None:
+        """Every rank of the node has finished writing its segment (MPI's
+        barrier orders the memory accesses around it)."""
+        self.local.Barrier()
+
+
+def shared_block(local: MPI.Comm, nbytes: int) -> mmap.mmap:
+    """``nbytes`` of memory mapped by every rank of ``local`` (ranks of one
+    host): a file in ``/dev/shm`` made by local rank 0, reserved with
+    ``posix_fallocate`` (so a full tmpfs fails here, not with SIGBUS later),
+    mapped by all, then unlinked -- the memory goes when the last mapping
+    does, and nothing is left behind if a rank dies.  Collective on ``local``;
+    an ``OSError`` is raised on every rank of ``local``."""
+    name, err = None, None
+    if local.Get_rank() == 0:
+        try:
+            fd, name = tempfile.mkstemp(prefix="hpccomm-", dir=_SHM_DIR)
+            try:
+                os.posix_fallocate(fd, 0, nbytes)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            err = f"{exc}"
+    name, err = local.bcast((name, err), root=0)
+    block = None
+    try:
+        if err is None:
+            with open(name, "r+b") as f:
+                block = mmap.mmap(f.fileno(), nbytes)
+    except OSError as exc:
+        err = str(exc)
+    errs = [e for e in local.allgather(err) if e is not None]
+    if local.Get_rank() == 0 and name is not None:
+        os.unlink(name)
+    if errs:
+        raise OSError(errs[0])
+    return block
+
+
+_SHM_DIR = "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def node_layout(comm: MPI.Comm, nodes: Optional[Sequence[int]]) -> _Layout:
+    """The layout of ``comm`` (cached on it until it is freed)."""
+    cache = comm_cache(comm)
+    lay = cache.get(("hierarchical", nodes))
+    if lay is None:
+        lay = cache[("hierarchical", nodes)] = _Layout(comm, nodes)
+    return lay
 
 
 @register_algorithm
@@ -93,51 +213,50 @@ class Hierarchical(Algorithm):
 
     def _setup(self, comm: MPI.Comm) -> _Layout:
         if self._layout is None:
-            self._layout = lay = _Layout(comm, self.nodes_option)
+            self._layout = lay = node_layout(comm, self.nodes_option)
             self._outer = {s: self.outer_cls(c, self.codec) for s, c in lay.cross.items()}
         return self._layout
 
     def reduce(self, x: np.ndarray, out: np.ndarray, state: KeyState, ctx: ReduceContext) -> None:
         lay = self._setup(ctx.net.comm)
-        n, S, L, call = x.size, lay.S, lay.L, ctx.call
-        call.n = n
+        n, S, L = x.size, lay.S, lay.L
+        ctx.call.n = n
         b = chunk_bounds(n, S)
-        # 1. reduce-scatter inside the node: owner j gets every rank's slices of its shares
-        local = Transport(lay.local, call)
-        mine = lay.owned
-        # elements of the shares local rank j owns (shares j, j + L, ...)
-        owned_len = [sum(int(b[s + 1] - b[s]) for s in range(j, S, L)) for j in range(L)]
-        mine_len = owned_len[lay.i]
-        packets: List[np.ndarray] = []
-        for j in range(L):
-            parts = [x[b[s]:b[s + 1]] for s in range(j, S, L)]
-            packets.append(np.concatenate(parts).view(np.uint8) if parts
-                           else np.empty(0, np.uint8))
-        got = local.alltoallv(packets, [4 * mine_len] * L)
-        partial = self.scratch("partial", mine_len)
-        partial[...] = 0
-        for src in range(L):
-            partial += got[src].view(np.float32)
-        # 2. across nodes, one share at a time, in increasing order
-        reduced = self.scratch("reduced", mine_len)
-        off = 0
-        for s in mine:
-            m = int(b[s + 1] - b[s])
+        shares = [slice(int(b[s]), int(b[s + 1])) for s in range(S)]
+        seg = lay.segments(ctx.net.comm, n) if n else None
+        # 1. reduce-scatter inside the node: the shares others own, into this rank's segment
+        if seg is not None:
+            me = seg[lay.i]
+            for s in range(S):
+                if s % L != lay.i:
+                    me[shares[s]] = x[shares[s]]
+            lay.fence()
+        # 2. across nodes, per owned share in increasing order, on the node's sum
+        for s in lay.owned:
+            sh = shares[s]
+            if seg is None:
+                partial = x[sh]
+            else:   # local ranks in order; this rank's own slice read from x
+                parts = [x[sh] if j == lay.i else seg[j][sh] for j in range(L)]
+                partial = self.scratch("partial", sh.stop - sh.start)
+                np.add(parts[0], parts[1], out=partial)
+                for p in parts[2:]:
+                    partial += p
             sub = self._share_state(state, s)
-            sctx = ReduceContext(net=Transport(lay.cross[s], call), memory=ctx.memory,
-                                 seed=ctx.seed * 1_000_003 + s, step=ctx.step, shape=(m,),
-                                 key=ctx.key, fused=ctx.fused, finite=ctx.finite)
-            self._outer[s].reduce(partial[off:off + m], reduced[off:off + m], sub, sctx)
+            sctx = ReduceContext(net=Transport(lay.cross[s], ctx.call), memory=ctx.memory,
+                                 seed=ctx.seed * 1_000_003 + s, step=ctx.step,
+                                 shape=(sh.stop - sh.start,), key=ctx.key, fused=ctx.fused,
+                                 finite=ctx.finite)
+            self._outer[s].reduce(partial, out[sh], sub, sctx)
             self._keep_share_state(state, s, sub)
-            off += m
-        # 3. allgather inside the node
-        whole = local.allgatherv(reduced.view(np.uint8), [4 * m for m in owned_len])
-        for j in range(L):
-            data, pos = whole[j].view(np.float32), 0
-            for s in range(j, S, L):
-                m = int(b[s + 1] - b[s])
-                out[b[s]:b[s + 1]] = data[pos:pos + m]
-                pos += m
+            if seg is not None:
+                seg[lay.i][sh] = out[sh]
+        # 3. allgather inside the node: the other owners' results from their segments
+        if seg is not None:
+            lay.fence()
+            for s in range(S):
+                if s % L != lay.i:
+                    out[shares[s]] = seg[s % L][shares[s]]
 
     # the residuals of each share live in the key's state (saved by state_dict)
     @staticmethod
