@@ -38,7 +38,7 @@ _DENSE_WORD = 0xFFFFFFFF
 # ---------------------------------------------------------------------------
 # Sorted streams
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def merge_sum(ia, va, ib, vb):
     """Union of two strictly increasing streams; ``va + vb`` on common
     indices (``a`` is the left operand).  Returns new ``(idx, vals)``."""
@@ -75,7 +75,7 @@ def merge_sum(ia, va, ib, vb):
     return idx[:k].copy(), vals[:k].copy()
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def coalesce_sorted(idx, vals):
     """Sum runs of equal indices of a non-decreasing ``idx``, left to right.
     Returns new ``(idx, vals)`` with strictly increasing indices."""
@@ -93,21 +93,21 @@ def coalesce_sorted(idx, vals):
     return out_i[:k + 1].copy(), out_v[:k + 1].copy()
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scatter_add(out, idx, vals, offset):
     """``out[idx[t] - offset] += vals[t]`` for every ``t``, in order."""
     for t in range(idx.size):
         out[idx[t] - offset] += vals[t]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scatter_set(out, idx, vals, offset):
     """``out[idx[t] - offset] = vals[t]`` for every ``t``."""
     for t in range(idx.size):
         out[idx[t] - offset] = vals[t]
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def densify(idx, vals, lo, hi):
     """A float32 array for the range ``[lo, hi)`` holding ``vals`` at
     ``idx - lo`` and zeros elsewhere (``idx`` unique, inside the range)."""
@@ -116,7 +116,7 @@ def densify(idx, vals, lo, hi):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def nonzeros(dense, lo, idx_dtype_probe):
     """``(idx, vals)`` of the non-zero entries of ``dense`` (which covers
     ``[lo, lo + dense.size)``); indices get the dtype of ``idx_dtype_probe``
@@ -136,7 +136,7 @@ def nonzeros(dense, lo, idx_dtype_probe):
     return idx, vals
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def drop_zeros(idx, vals):
     """The entries of a stream whose value is not 0.0 (copies)."""
     keep = 0
@@ -157,7 +157,7 @@ def drop_zeros(idx, vals):
 # ---------------------------------------------------------------------------
 # Run-length coding of blocks
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rle_encode_pairs(idx, vals, lo, m):
     """RLE words of the block ``[lo, lo + m)`` holding the sorted pairs
     ``(idx, vals)`` (all inside the block).  Always the RLE form; the caller
@@ -188,7 +188,7 @@ def rle_encode_pairs(idx, vals, lo, m):
     return words
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rle_dense_words(dense):
     """The dense form of a block: ``[RLE_DENSE, values...]``."""
     words = np.empty(1 + dense.size, dtype=np.uint32)
@@ -197,7 +197,7 @@ def rle_dense_words(dense):
     return words
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rle_decode_into(words, out):
     """Overwrite ``out`` (the block's ``m`` float32 values) with an RLE or
     dense block."""
@@ -219,7 +219,7 @@ def rle_decode_into(words, out):
         pos += run
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rle_decode(words, m):
     """Dense float32 values (a new array of length ``m``) of a block."""
     out = np.empty(m, dtype=np.float32)
@@ -227,7 +227,7 @@ def rle_decode(words, m):
     return out
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rle_add_into(words, dense):
     """``dense += block`` for an RLE or dense block (``dense`` left operand)."""
     if words[0] == _DENSE_WORD:
@@ -246,7 +246,7 @@ def rle_add_into(words, dense):
         pos += run
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _next_run(words, w, s, n, end, big):
     """The present run that follows in an RLE block: its segment's words start
     at ``w``, the previous run ended at ``end``, ``s`` of ``n`` segments are
@@ -258,7 +258,7 @@ def _next_run(words, w, s, n, end, big):
     return big, big, w, s
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rle_merge(a, b):
     """Merge-sum of two RLE blocks (neither dense) without decoding them:
     ``a + b`` where both hold an entry, ``a`` the left operand.  Returns RLE
@@ -323,7 +323,7 @@ def rle_merge(a, b):
     return out[:w].copy()
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def rle_to_pairs(words, lo, m, idx_dtype_probe):
     """``(idx, vals)`` of the present entries of a block starting at global
     index ``lo`` (a dense block yields its non-zero entries)."""
@@ -358,7 +358,7 @@ def rle_to_pairs(words, lo, m, idx_dtype_probe):
 # ---------------------------------------------------------------------------
 # Fixed-capacity sparse records (user-defined MPI_Op; see collectives.sparse.mpi_op)
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def record_merge(hdr_a, idx_a, val_a, dense_a, hdr_b, idx_b, val_b, dense_b, cap):
     """``b = a (+) b`` for two records, in place in ``b``.
 
@@ -407,7 +407,7 @@ def record_merge(hdr_a, idx_a, val_a, dense_a, hdr_b, idx_b, val_b, dense_b, cap
 # ---------------------------------------------------------------------------
 # A bijection of index space, for routing (kylix hash_indices=True)
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _mulmod(a, b, m):
     """``a * b mod m`` for uint64 ``a, b < m < 2**63`` without overflow."""
     if m <= np.uint64(0xFFFFFFFF):
@@ -426,7 +426,7 @@ def _mulmod(a, b, m):
     return r
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def affine_map(idx, mult, add, n):
     """``(mult * i + add) mod n`` for every ``i`` of ``idx`` (int64 result).
     A bijection of ``[0, n)`` when ``gcd(mult, n) == 1``."""

@@ -9,7 +9,7 @@ _BITS = {np.dtype(np.float16): np.uint16, np.dtype(np.float32): np.uint32,
          np.dtype(np.float64): np.uint64}
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _count_all_ones(u, mask):
     """How many ``u[i]`` have every bit of ``mask`` set."""
     c = 0

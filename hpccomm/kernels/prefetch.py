@@ -42,7 +42,7 @@ def prefetch(typingctx, arr, idx):
     return types.void(arr, idx), codegen
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def prefetch_ahead(x, e, lo, hi):
     """Prefetch the lines of ``x`` and ``e`` (``e`` may be None) over
     ``[lo + AHEAD, hi + AHEAD)``, one hint per 64-byte line."""

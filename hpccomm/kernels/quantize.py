@@ -1,6 +1,6 @@
 """CPU kernels of the quantizing codecs: fp16, bf16, onebit, terngrad, qsgd.
 
-numba ``@njit(cache=True)`` loops over flat, contiguous arrays.  The codecs in
+numba ``@njit(cache=True, nogil=True)`` loops over flat, contiguous arrays.  The codecs in
 :mod:`hpccomm.codecs` validate every size and header field before calling
 them: the kernels do no bounds checks.
 
@@ -96,7 +96,7 @@ _U31 = np.uint64(31)
 _U32 = np.uint64(32)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _lane_total(acc, start):
     """Sum of ``acc[start:start + LANES]`` as a fixed pairwise tree (lane
     ``k`` += lane ``k + w`` for ``w`` = 16, 8, 4, 2, 1); clobbers the lanes."""
@@ -114,7 +114,7 @@ def _lane_total(acc, start):
 _U32 = np.uint32
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _f16_bits(w):
     """The binary16 bit pattern (as uint32) of the float32 with bit pattern
     ``w``, rounded to nearest even; finite values that would round to
@@ -143,7 +143,7 @@ def _f16_bits(w):
     return _U32(h | _U32(_U32(w >> _U32(16)) & _U32(0x8000)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _f16_value(h):
     """The float32 value of the binary16 bit pattern ``h`` (exact): normals
     by re-biasing the exponent, subnormals as ``m * 2**-24``, +-inf, and
@@ -157,7 +157,7 @@ def _f16_value(h):
     return u32_as_f32(_U32(r | _U32(_U32(b & _U32(0x8000)) << _U32(16))))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def f32_to_f16(u, out):
     """float32 bit patterns ``u`` (uint32) -> IEEE half bit patterns
     (uint16), rounding to nearest even.  Finite values beyond the half range
@@ -167,7 +167,7 @@ def f32_to_f16(u, out):
         out[i] = _f16_bits(u[i])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def f16_to_f32(h, out, add):
     """IEEE half bit patterns (uint16) -> float32 (exact, NaN canonical:
     :func:`_f16_value`); ``add``: ``out +=``."""
@@ -179,7 +179,7 @@ def f16_to_f32(h, out, add):
             out[i] = _f16_value(h[i])
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _bf16_bits(w, saturate):
     """The bfloat16 bit pattern (as uint32) of the float32 with bit pattern
     ``w``: nearest even; NaN becomes a quiet NaN of the same sign; with
@@ -196,7 +196,7 @@ def _bf16_bits(w, saturate):
     return h
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def f32_to_bf16(u, out, saturate):
     """float32 bit patterns (uint32) -> bfloat16 bit patterns (uint16),
     nearest even; NaN becomes a quiet NaN of the same sign.  With
@@ -212,7 +212,7 @@ def f32_to_bf16(u, out, saturate):
             out[i] = _bf16_bits(u[i], False)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def bf16_to_f32(h, out, add):
     """bfloat16 bit patterns (uint16) -> float32 (exact); ``add``: ``out +=``."""
     if add:
@@ -223,7 +223,7 @@ def bf16_to_f32(h, out, add):
             out[i] = u32_as_f32(_U32(_U32(h[i]) << _U32(16)))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _compensate_block(xb, eb, has_e, ob):
     """``ob = xb + eb`` (``xb`` without ``has_e``); returns how many are
     non-finite (``v - v`` is NaN exactly for inf and NaN)."""
@@ -241,19 +241,19 @@ def _compensate_block(xb, eb, has_e, ob):
     return bad
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _half_round(w, bf16):
     """fp16 or (saturating) bf16 bits, as uint32, of the float32 bits ``w``."""
     return _bf16_bits(w, True) if bf16 else _f16_bits(w)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _half_value(h, bf16):
     """The float32 value of fp16 or bf16 bits ``h``."""
     return u32_as_f32(_U32(_U32(h) << _U32(16))) if bf16 else _f16_value(h)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _half_feedback(x, e, has_e, bf16, bits, e_out):
     """The loop of :func:`half_encode_feedback`; returns whether any ``v``
     is non-finite (an or, not a count: a 64-bit counter would narrow the
@@ -276,7 +276,7 @@ def _half_feedback(x, e, has_e, bf16, bits, e_out):
     return nonfinite
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _count_nonfinite_values(x):
     """How many entries of ``x`` are non-finite."""
     bad = 0
@@ -286,7 +286,7 @@ def _count_nonfinite_values(x):
     return bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def half_encode_feedback(x, e, has_e, bf16, bits, e_out):
     """fp16 / bf16 (saturating) bits of ``v = x + e`` (``v = x`` without
     ``has_e``) into ``bits``, and ``e_out = v - decode(bits)``, in one
@@ -303,7 +303,7 @@ def half_encode_feedback(x, e, has_e, bf16, bits, e_out):
     return _count_nonfinite_values(e_out) if nonfinite else 0
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _widen_block(bb, bf16, dec, add):
     """``dec (+)= widen(bb)`` for a block of fp16 / bf16 bit patterns."""
     if bf16:
@@ -312,7 +312,7 @@ def _widen_block(bb, bf16, dec, add):
         f16_to_f32(bb, dec, add)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
     """The owner stage of ``twoshot`` for fp16 / bf16, one block at a time
     (all of it in cache): ``acc = 0 + widen(received[0]) + widen(received[1])
@@ -360,7 +360,7 @@ def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
 # ---------------------------------------------------------------------------
 # onebit
 # ---------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _sign_sums(xb, acc):
     """Add the entries of ``xb`` that are ``>= 0`` to lanes ``acc[0:LANES]``
     and the others to ``acc[LANES:2 LANES]``; return how many were ``>= 0``."""
@@ -386,7 +386,7 @@ def _sign_sums(xb, acc):
     return npos
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _pack_signs(x, lo, hi, words, carry):
     """Sign bits of ``x[lo:hi]`` into ``words`` at absolute bit positions;
     ``carry`` is the pending partial word before ``lo``.  Returns the pending
@@ -411,7 +411,7 @@ def _pack_signs(x, lo, hi, words, carry):
     return carry
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _sign_sums_from(xb, acc, lane):
     """:func:`_sign_sums` for a piece of a column whose first element falls
     in lane ``lane``: the same lanes, so the same sums, however the column
@@ -434,7 +434,7 @@ def _sign_sums_from(xb, acc, lane):
 _PACK_MAGIC = np.uint64(0x0102040810204080)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _pack_sign_block(v, blo, m, wbytes, flags):
     """Sign bits (``v >= 0``) of ``v[blo:blo + m]`` into the bytes of the
     words (``blo`` a multiple of 8): a compare per element into ``flags``
@@ -456,7 +456,7 @@ def _pack_sign_block(v, blo, m, wbytes, flags):
         wbytes[base + full] = b
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out, decoded=None):
     """The one onebit encoder (see :func:`onebit_encode` and
     :func:`onebit_encode_feedback`).  Walks ``[0, n)`` in blocks of
@@ -519,7 +519,7 @@ def _onebit_encode(x, e, has_e, feedback, col_len, means, words, e_out, decoded=
     return bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def onebit_encode(x, col_len, means, words):
     """Sign bits and per-column means of ``x``, reading ``x`` once.
 
@@ -534,7 +534,7 @@ def onebit_encode(x, col_len, means, words):
     _onebit_encode(x, x, False, False, col_len, means, words, x)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def onebit_encode_feedback(x, e, has_e, col_len, means, words, e_out):
     """:func:`onebit_encode` of ``v = x + e`` (``v = x`` without ``has_e``)
     and the new residual ``e_out = v - decode(packet)``, in one pass over
@@ -544,7 +544,7 @@ def onebit_encode_feedback(x, e, has_e, col_len, means, words, e_out):
     return _onebit_encode(x, e, has_e, True, col_len, means, words, e_out)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def onebit_decode_sum(means, words, col_len, out):
     """``out = 0 + decode(packet 0) + decode(packet 1) + ...`` in packet
     order, float32: the bits of zeroing ``out`` and adding each packet with
@@ -557,7 +557,7 @@ def onebit_decode_sum(means, words, col_len, out):
         onebit_decode(words[src], means[src], col_len, out, src > 0)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def onebit_owner_step(acc, e, has_e, feedback, col_len, means, words, e_out, decoded):
     """The owner stage of ``twoshot`` on a summed chunk ``acc`` (from
     :func:`onebit_decode_sum`): ``w = acc + e`` (``acc`` without ``has_e``)
@@ -575,7 +575,7 @@ def onebit_owner_step(acc, e, has_e, feedback, col_len, means, words, e_out, dec
 _BITS = np.array([1 << k for k in range(32)], dtype=np.uint32)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def onebit_decode(words, means, col_len, out, add):
     """``out[i] = means[2c]`` if bit ``i`` is set, else ``means[2c + 1]``
     (``c = i // col_len``); ``add``: ``out +=``.
@@ -641,7 +641,7 @@ def onebit_tile_columns(col_len: int) -> int:
     return -(-cols // step) * step
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tile(t, tile_cols, ncols, col_len, n, nwords):
     """Columns ``[c0, c1)``, elements ``[lo, hi)`` and words ``[w0, w1)`` of
     tile ``t`` (the last tile takes the words to the end)."""
@@ -653,7 +653,7 @@ def _tile(t, tile_cols, ncols, col_len, n, nwords):
     return c0, c1, lo, hi, lo // 32, w1
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def onebit_encode_tiles(x, e, has_e, feedback, col_len, means, words, e_out, decoded,
                         tile_cols):
     """:func:`_onebit_encode` tile by tile on several threads (``decoded``
@@ -673,7 +673,7 @@ def onebit_encode_tiles(x, e, has_e, feedback, col_len, means, words, e_out, dec
     return bad
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def onebit_decode_tiles(words, means, col_len, out, add, tile_cols):
     """:func:`onebit_decode` tile by tile on several threads."""
     n = out.size
@@ -683,7 +683,7 @@ def onebit_decode_tiles(words, means, col_len, out, add, tile_cols):
         onebit_decode(words[w0:w1], means[2 * c0:2 * c1], col_len, out[lo:hi], add)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def onebit_decode_sum_tiles(means, words, col_len, out, tile_cols):
     """:func:`onebit_decode_sum` tile by tile on several threads (every
     tile adds the packets in packet order)."""
@@ -699,7 +699,7 @@ def onebit_decode_sum_tiles(means, words, col_len, out, tile_cols):
 # ---------------------------------------------------------------------------
 # b-bit two's complement codes (terngrad, qsgd)
 # ---------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _pack_block(codes, m, bits, packed, first):
     """Pack ``codes[0:m]`` (an int8 scratch of :data:`BLOCK` codes, two's
     complement) into ``packed`` from byte ``first`` on; element 0 starts a
@@ -734,7 +734,7 @@ _SPLAT_7E = np.uint32(0x7E7E7E7E)
 _SPLAT_80 = np.uint32(0x80808080)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _unpack_block(packed, first, m, bits, codes):
     """Sign-extend ``m`` packed ``bits``-bit codes (the first one at byte
     ``first`` of ``packed``) into the int8 scratch ``codes`` (a multiple of
@@ -764,7 +764,7 @@ def _unpack_block(packed, first, m, bits, codes):
             raw[j] = src[j]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _scale_codes(codes, unit, out, add):
     if add:
         for k in range(out.size):
@@ -774,7 +774,7 @@ def _scale_codes(codes, unit, out, add):
             out[k] = np.float32(codes[k] * unit)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _decode_range(packed, bits, bucket, levels, scales, lo, hi, codes, ob, add):
     """Elements ``lo .. hi - 1`` of a packet's codes (``lo`` starts a byte),
     decoded into ``ob`` (``hi - lo`` long; ``add``: ``ob +=``) through the int8
@@ -789,7 +789,7 @@ def _decode_range(packed, bits, bucket, levels, scales, lo, hi, codes, ob, add):
         i = seg
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def codes_decode(packed, bits, bucket, levels, scales, out, add):
     """Dense values of packed ``bits``-bit codes: element ``i`` of bucket
     ``j = i // bucket`` decodes to ``float32(q_i * (float64(scales[j]) / levels))``;
@@ -802,7 +802,7 @@ def codes_decode(packed, bits, bucket, levels, scales, out, add):
                       add)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _decode_sum_range(rcodes, bits, bucket, levels, rscales, lo, hi, codes, ab):
     """``ab = 0 + decode(packet 0) + decode(packet 1) + ...`` over elements
     ``lo .. hi - 1``, in packet order: the bits of zeroing and adding each
@@ -814,7 +814,7 @@ def _decode_sum_range(rcodes, bits, bucket, levels, rscales, lo, hi, codes, ab):
         _decode_range(rcodes[src], bits, bucket, levels, rscales[src], lo, hi, codes, ab, True)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def summed_decode(total, bucket, levels, scales, out, add):
     """Like :func:`codes_decode` for unpacked integer codes (or sums of them)."""
     n = out.size
@@ -824,7 +824,7 @@ def summed_decode(total, bucket, levels, scales, out, add):
         _scale_codes(total[lo:hi], np.float64(scales[j]) / levels, out[lo:hi], add)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _v(x, e, i):
     """``v = x[i] + e[i]`` in float32, or ``x[i]`` for ``e=None`` (``i``
     uint64: no wraparound checks).  The optional operands of the kernels
@@ -835,7 +835,7 @@ def _v(x, e, i):
     return x[i] + e[i]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _row_split(m):
     """How the lane sums walk ``m`` elements: ``(full, body)`` -- groups of
     :data:`ROWS` rows of :data:`LANES` up to ``full``, then whole rows up to
@@ -846,7 +846,7 @@ def _row_split(m):
 # ---------------------------------------------------------------------------
 # terngrad
 # ---------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tern_moment_rows(x, e, lo, rows, lanes, x0, mx, acc):
     """:func:`_tern_moments` of ``rows`` rows of ``lanes`` elements (rows of
     :data:`LANES`) from ``lo``."""
@@ -867,7 +867,7 @@ def _tern_moment_rows(x, e, lo, rows, lanes, x0, mx, acc):
         acc[LANES + k] = s2
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tern_moments(x, e, lo, hi, x0, mx, acc):
     """Add ``v = x + e`` (``x`` for ``e=None``) over ``[lo, hi)`` (``lo`` a
     multiple of :data:`LANES`) to the lanes of ``max |v|`` (``mx``, float32)
@@ -883,7 +883,7 @@ def _tern_moments(x, e, lo, hi, x0, mx, acc):
     _tern_moment_rows(x, e, lo + body, 1, hi - lo - body, x0, mx, acc)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _count_nonfinite(x, e, lo, hi):
     """How many ``v = x + e`` (``x`` for ``e=None``) over ``[lo, hi)`` are
     non-finite (``v - v`` is NaN exactly for inf and NaN).  Kernels whose
@@ -895,7 +895,7 @@ def _count_nonfinite(x, e, lo, hi):
     return bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tern_stats(x, e=None):
     """``(max|v|, S1, S2, bad)`` of ``v = x + e`` (``v = x`` for ``e=None``):
     ``S1 = sum(v - v[0])`` and ``S2 = sum((v - v[0])**2)`` in float64 lanes
@@ -916,7 +916,7 @@ def tern_stats(x, e=None):
     return mx.max(), s1, s2, bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tern_owner_stats(rcodes, rscales, e, out):
     """Pass 1 of TernGrad's owner step: ``out = 0 + decode(packet 0) +
     decode(packet 1) + ...`` in packet order (row ``src`` of ``rcodes``: a
@@ -942,7 +942,7 @@ def tern_owner_stats(rcodes, rscales, e, out):
     return mx.max(), s1, s2, bad
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tern_code(v, u, scale, clip):
     """The ternary code as a float32 in {-1, 0, 1}: ``sign(v)`` if ``u * scale
     < min(|v|, clip)`` else 0.  Branch-free, in float32 lanes: a kept ``v`` is
@@ -951,7 +951,7 @@ def _tern_code(v, u, scale, clip):
     return t if u * scale < min(abs(v), clip) else np.float32(0.0)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _tern_block(x, e, e_out, lo, hi, key, scale, clip, codes):
     """``codes[i - lo]`` for ``i`` in ``[lo, hi)``: the ternary code (see
     :func:`tern_codes`) of ``v = x[i] + e[i]`` (``x[i]`` for ``e=None``) drawn
@@ -973,7 +973,7 @@ def _tern_block(x, e, e_out, lo, hi, key, scale, clip, codes):
             e_out[i] = v - t * scale
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tern_codes(x, key, offset, scale, clip, codes):
     """Stochastic ternary codes, one per element of ``codes`` (any integer
     dtype): ``sign(x_i)`` if ``u_i * scale < min(|x_i|, clip)`` else 0, in
@@ -982,7 +982,7 @@ def tern_codes(x, key, offset, scale, clip, codes):
                 codes)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tern_encode(x, e, key, offset, scale, clip, packed, e_out=None, decoded=None):
     """The codes of :func:`tern_codes` for ``v = x + e`` (``v = x`` for
     ``e=None``), 2-bit packed into ``packed`` (``ceil(n / 4)`` bytes); with
@@ -1004,7 +1004,7 @@ def tern_encode(x, e, key, offset, scale, clip, packed, e_out=None, decoded=None
         _pack_block(codes, m, 2, packed, blo >> 2)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def tern_pack(x, key, offset, scale, clip, packed):
     """The codes of :func:`tern_codes`, 2-bit packed into ``packed``
     (``ceil(n / 4)`` bytes)."""
@@ -1014,7 +1014,7 @@ def tern_pack(x, key, offset, scale, clip, packed):
 # ---------------------------------------------------------------------------
 # qsgd
 # ---------------------------------------------------------------------------
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _sumsq_rows(x, e, lo, rows, lanes, acc):
     base = np.uint64(lo)
     for k in range(lanes):
@@ -1025,7 +1025,7 @@ def _sumsq_rows(x, e, lo, rows, lanes, acc):
         acc[k] = a
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _absmax_rows(x, e, lo, rows, lanes, mx):
     """Lane maxima of ``|v|`` (NaN ignored); returns whether a NaN was seen."""
     base = np.uint64(lo)
@@ -1040,7 +1040,7 @@ def _absmax_rows(x, e, lo, rows, lanes, mx):
     return nan
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _bucket_scale(x, e, lo, hi, use_max, acc):
     """``(scale, bad)`` of the bucket ``[lo, hi)`` of ``v = x + e`` (``x`` for
     ``e=None``): the float32 scale -- max |v| (NaN if any NaN), or the l2
@@ -1081,7 +1081,7 @@ def _bucket_scale(x, e, lo, hi, use_max, acc):
     return np.float32(r), bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def bucket_scales(x, bucket, use_max, scales):
     """Per-bucket scales of ``x`` (see :func:`_bucket_scale`)."""
     n = x.size
@@ -1091,7 +1091,7 @@ def bucket_scales(x, bucket, use_max, scales):
         scales[j] = _bucket_scale(x, None, lo, min(lo + bucket, n), use_max, acc)[0]
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _ratio(scale, levels):
     """``levels / scale`` in float64, or 0 when the bucket gets zero codes."""
     if scale > 0 and scale < np.inf:
@@ -1103,7 +1103,7 @@ def _ratio(scale, levels):
 _F64_2P24 = float(1 << 24)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _qsgd_block(x, e, e_out, lo, hi, key, ratio, unit, levels, codes):
     """``codes[i - lo]`` for ``i`` in ``[lo, hi)``: the QSGD code (see
     :func:`qsgd_codes`) of ``v = x[i] + e[i]`` (``x[i]`` for ``e=None``) drawn
@@ -1141,7 +1141,7 @@ def _qsgd_block(x, e, e_out, lo, hi, key, ratio, unit, levels, codes):
             e_out[i] = v - np.float32(c * unit)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def qsgd_codes(x, key, offset, ratio, levels, codes):
     """QSGD codes of ``x`` (one bucket, ``ratio = levels / scale``; 0: all
     zero), one per element of ``codes`` (any integer dtype)."""
@@ -1149,7 +1149,7 @@ def qsgd_codes(x, key, offset, ratio, levels, codes):
                 levels, codes)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
                  bucket, bits, levels, use_max, key, offset, scales, packed):
     """The one QSGD encoder (see :func:`qsgd_encode`,
@@ -1212,7 +1212,7 @@ def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
     return bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def qsgd_encode(x, bucket, bits, levels, use_max, key, offset, scales, packed):
     """QSGD of ``x``: per bucket its scale into ``scales[j]`` (see
     :func:`_bucket_scale`), then its stochastically rounded codes,
@@ -1221,7 +1221,7 @@ def qsgd_encode(x, bucket, bits, levels, use_max, key, offset, scales, packed):
                  bucket, bits, levels, use_max, key, offset, scales, packed)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def qsgd_encode_feedback(x, e, bucket, bits, levels, use_max, key, offset, scales, packed,
                          e_out):
     """:func:`qsgd_encode` of ``v = x + e`` (``v = x`` for ``e=None``) and
@@ -1232,7 +1232,7 @@ def qsgd_encode_feedback(x, e, bucket, bits, levels, use_max, key, offset, scale
                         bucket, bits, levels, use_max, key, offset, scales, packed)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def qsgd_owner_step(rcodes, rscales, rbits, rbucket, rlevels, e, e_out, out,
                     bucket, bits, levels, use_max, key, offset, scales, packed):
     """The owner stage of ``twoshot`` in one pass: ``acc = 0 +
@@ -1247,7 +1247,7 @@ def qsgd_owner_step(rcodes, rscales, rbits, rbucket, rlevels, e, e_out, out,
                         bucket, bits, levels, use_max, key, offset, scales, packed)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def qsgd_shared_codes(x, bucket, levels, scales, key, offset, codes):
     """QSGD codes against given per-bucket ``scales`` (e.g. MAX-shared across
     ranks), one per element of ``codes``."""

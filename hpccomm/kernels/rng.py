@@ -99,7 +99,7 @@ uniform01_weyl_cpu = njit(cache=True, inline="always")(uniform01_weyl)
 bits24_weyl_cpu = njit(cache=True, inline="always")(bits24_weyl)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def uniform_array(key, offset, n):
     """``n`` uniforms for global indices ``offset .. offset + n - 1`` (for tests
     and numpy reference code)."""

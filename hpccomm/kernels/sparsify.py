@@ -1,6 +1,6 @@
 """CPU kernels of the sparsifying codecs: threshold, adaptive, topk, randk, dgc.
 
-Plain numba ``@njit(cache=True)`` functions on flat, contiguous arrays.  They
+Plain numba ``@njit(cache=True, nogil=True)`` functions on flat, contiguous arrays.  They
 do **no bounds checks**: the codecs validate every header field and size in
 Python, and every index array a decoder scatters goes through a validating
 kernel here (which returns a flag, so Python can raise
@@ -54,7 +54,7 @@ _U1 = np.uint64(1)
 _U58 = np.uint64(58)
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _lowest_bit(mask):
     """``(j, rest)``: the position of the lowest set bit of the non-zero
     uint64 ``mask`` and ``mask`` without it."""
@@ -86,7 +86,7 @@ def threads_for(n: int):
 # ---------------------------------------------------------------------------
 # Threshold selection: count, compact
 # ---------------------------------------------------------------------------
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def count_abs_ge_blocks(x, t):
     """Per block of :data:`BLOCK` elements, the number of candidates
     ``|x_i| >= t and x_i != 0`` (int64 array of ``ceil(n / BLOCK)``)."""
@@ -111,7 +111,7 @@ def count_abs_ge(x, t):
         return int(count_abs_ge_blocks(x, np.float32(t)).sum())
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _compact_block(xb, t, lo, idx, vals):
     """The candidates of ``xb`` (global indices from ``lo``) to ``idx`` /
     ``vals`` from 0 on, in index order.  Chunks of :data:`CHUNK` elements:
@@ -139,7 +139,7 @@ def _compact_block(xb, t, lo, idx, vals):
             k += 1
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def compact_abs_ge(x, t, starts, idx, vals):
     """Write the candidates of block ``b`` (see :func:`count_abs_ge_blocks`)
     to ``idx[starts[b]:]`` / ``vals[starts[b]:]`` in index order
@@ -192,7 +192,7 @@ def keep_largest(idx, vals, k):
 LANES = 8
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sum_squares_of(xb):
     """``sum(xb_i^2)`` in float64: element ``i`` goes to accumulator
     ``acc[i mod LANES]``, the accumulators are added in lane order, then the
@@ -216,7 +216,7 @@ def _sum_squares_of(xb):
     return s
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _block_sum_squares(x):
     n = x.size
     nb = (n + BLOCK - 1) // BLOCK
@@ -233,7 +233,7 @@ def sum_squares(x):
         return _sum_squares(x)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sum_squares(x):
     """``sum(x_i^2)`` in float64 with a fixed summation order: within a block,
     element ``i`` goes to accumulator ``i mod LANES``, the accumulators are
@@ -242,7 +242,7 @@ def _sum_squares(x):
     return _sum_parts(_block_sum_squares(x))
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sum_parts(parts):
     """``0.0 + parts[0] + parts[1] + ...`` in order."""
     s = 0.0
@@ -254,7 +254,7 @@ def _sum_parts(parts):
 # ---------------------------------------------------------------------------
 # Error feedback: v = x + e formed in the new residual
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _compensate(xb, eb, has_e, vb):
     """``vb = xb + eb`` (``xb`` without ``has_e``); whether any ``v`` is
     non-finite (``v - v`` is NaN exactly for inf and NaN; an or, not a
@@ -273,7 +273,7 @@ def _compensate(xb, eb, has_e, vb):
     return nonfinite
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _compensate_blocks(x, e, has_e, squares, v):
     n = x.size
     nb = (n + BLOCK - 1) // BLOCK
@@ -309,7 +309,7 @@ def strided_sample_abs(x, s, key, counter):
     return np.abs(x[start:start + stride * (s - 1) + 1:stride])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def kth_largest(a, k):
     """The ``k``-th largest value of ``a`` (``1 <= k <= a.size``; NaN counts
     as the largest value)."""
@@ -319,7 +319,7 @@ def kth_largest(a, k):
 # ---------------------------------------------------------------------------
 # Index validation and scatter (decoders)
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def indices_valid(idx, n):
     """True if ``idx`` is strictly increasing inside ``[0, n)``."""
     prev = -1
@@ -331,7 +331,7 @@ def indices_valid(idx, n):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scatter(out, idx, vals, add):
     """``out[idx] = vals`` (``add``: ``+=``); ``out`` is not cleared."""
     if add:
@@ -345,7 +345,7 @@ def scatter(out, idx, vals, add):
 # ---------------------------------------------------------------------------
 # Strom threshold words: (index << 1) | s, s = 1 for +tau
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def pack_sign_words(idx, vals, words):
     """``words[j] = (idx[j] << 1) | (vals[j] > 0)`` (uint32 or uint64 words)."""
     for j in range(idx.size):
@@ -355,7 +355,7 @@ def pack_sign_words(idx, vals, words):
         words[j] = w
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def subtract_sign_quanta(e, idx, vals, tau):
     """``e[idx[j]] -= (tau if vals[j] > 0 else -tau)``: the new residual at
     the entries a threshold packet sends (what its words decode to there)."""
@@ -365,7 +365,7 @@ def subtract_sign_quanta(e, idx, vals, tau):
         e[i] = e[i] - (tau if vals[j] > 0 else neg)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def sign_words_valid(words, n):
     """True if the indices ``words >> 1`` are strictly increasing inside ``[0, n)``."""
     prev = -1
@@ -377,7 +377,7 @@ def sign_words_valid(words, n):
     return True
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def scatter_sign_words(words, tau, out, add):
     """``out[w >> 1] (+)= +tau if w & 1 else -tau`` (validated words)."""
     neg = -tau
@@ -394,7 +394,7 @@ def scatter_sign_words(words, tau, out, add):
 # ---------------------------------------------------------------------------
 # Random-k: Floyd's sampling of k distinct indices out of n
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def floyd_indices(key, n, out):
     """Fill ``out`` with ``k = out.size`` distinct indices of ``[0, n)``,
     ascending, uniform over all ``k``-subsets (R. W. Floyd's algorithm).
@@ -424,14 +424,14 @@ def floyd_indices(key, n, out):
 # ---------------------------------------------------------------------------
 # Adaptive (Dryden et al.): per-column thresholds, reconstruction means
 # ---------------------------------------------------------------------------
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def adaptive_cap(h, pi, excess):
     """Hard bound on the entries of one sign in a column of ``h`` rows:
     ``min(h, excess * max(1, ceil(h / pi)))``."""
     return min(h, excess * max(1, (h + pi - 1) // pi))
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _scaled_index(z, h):
     """``floor(z * h / 2**64)`` for 64-bit ``z`` and ``h < 2**32``: a uniform
     index of ``[0, h)`` from 64 random bits (Lemire's multiply-shift, the
@@ -442,7 +442,7 @@ def _scaled_index(z, h):
     return np.int64(((z >> s32) * hh + (((z & m32) * hh) >> s32)) >> s32)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _kth_largest_inplace(a, m, k):
     """The ``k``-th largest of ``a[:m]`` (``1 <= k <= m``), reordering
     ``a[:m]``: Hoare's quickselect with a median-of-three pivot (no NaN)."""
@@ -478,7 +478,7 @@ def _kth_largest_inplace(a, m, k):
 SMALL_K = 64
 
 
-@njit(cache=True, inline="always")
+@njit(cache=True, nogil=True, inline="always")
 def _insert_desc(top, filled, k, v):
     """Insert ``v`` into ``top[:filled]`` (descending), keeping at most ``k``
     values; returns the new fill."""
@@ -490,7 +490,7 @@ def _insert_desc(top, filled, k, v):
     return min(filled + 1, k)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _sample_thresholds(sample, pi, pos, neg):
     """``(tau_pos, tau_neg)``: with the ``c`` positive values of ``sample``,
     ``tau_pos`` is the ``max(1, floor(c / pi))``-th largest; ``tau_neg`` the
@@ -546,7 +546,7 @@ def _sample_thresholds(sample, pi, pos, neg):
     return tp, tn
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _trim_side(col, tau, cap, sign):
     """The cut ``(t, q, total)`` that keeps the ``cap`` largest of the values
     ``v = sign * col[i] >= tau`` (of which there are more than ``cap``): every
@@ -575,7 +575,7 @@ def _trim_side(col, tau, cap, sign):
     return t, q, total
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _column_thresholds(col, start, pi, samples, key, base, drawn, pos, neg):
     """``(tau_pos, tau_neg)`` of one column whose first element is element
     ``start`` of the vector (:func:`_sample_thresholds`).
@@ -596,7 +596,7 @@ def _column_thresholds(col, start, pi, samples, key, base, drawn, pos, neg):
     return _sample_thresholds(drawn, pi, pos, neg)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _select_column(col, tp, tn, words, k):
     """The words ``(row << 1) | s`` of every row of ``col`` with
     ``v >= tp`` (``s = 1``) or ``v <= -tn`` (``s = 0``), rows ascending,
@@ -640,7 +640,7 @@ def _select_column(col, tp, tn, words, k):
     return cp, cn, sp, sn
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _write_column(col, tp, qp, tn, qn, words, k):
     """Words of the rows with ``v > tp`` or among the first ``qp`` with
     ``v == tp`` (``s = 1``), and likewise ``v < -tn`` / the first ``qn``
@@ -662,7 +662,7 @@ def _write_column(col, tp, qp, tn, qn, words, k):
                 k += 1
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _subtract_means(col, words, mp, mn):
     """``col[row] -= 0 + mu`` at the rows of ``words``: the residual where
     the column's packet decodes to ``mu_pos`` / ``mu_neg`` (added to zero,
@@ -675,7 +675,7 @@ def _subtract_means(col, words, mp, mn):
         col[r] = col[r] - (dp if w & 1 else dn)
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _any_nonfinite(v):
     nonfinite = False
     for i in range(v.size):
@@ -683,7 +683,7 @@ def _any_nonfinite(v):
     return nonfinite
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _count_nonfinite(v):
     bad = 0
     for i in range(v.size):
@@ -691,7 +691,7 @@ def _count_nonfinite(v):
     return bad
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _adaptive_group(x, e, has_e, feedback, H, c_lo, c_hi, pi, samples, excess, key, base,
                     e_out, counts, mu_pos, mu_neg, words):
     """Columns ``c_lo .. c_hi - 1`` (see :func:`adaptive_encode`), their
@@ -744,7 +744,7 @@ def column_max(h, pi, excess):
     return min(h, 2 * int(adaptive_cap(h, pi, excess)))
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True)
 def _adaptive_encode(x, e, has_e, feedback, H, pi, samples, excess, key, offset, e_out,
                      counts, mu_pos, mu_neg, words, stride, used, bad):
     W = counts.size
@@ -756,7 +756,7 @@ def _adaptive_encode(x, e, has_e, feedback, H, pi, samples, excess, key, offset,
             key, base, e_out, counts, mu_pos, mu_neg, words[g * stride:(g + 1) * stride])
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def _gather_groups(words, stride, used, out):
     """Concatenate ``words[g * stride:][:used[g]]`` over the groups."""
     k = 0
@@ -810,7 +810,7 @@ def adaptive_encode(x, e, e_out, H, pi, samples, excess, key, offset):
     return counts, mu_pos, mu_neg, words, int(bad.sum())
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def adaptive_valid(n, H, counts, words, pi, excess):
     """True if every column's words hold strictly increasing rows inside the
     column, at most :func:`adaptive_cap` entries of each sign, and the counts
@@ -838,7 +838,7 @@ def adaptive_valid(n, H, counts, words, pi, excess):
     return k == words.size
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)
 def adaptive_scatter(n, H, counts, mu_pos, mu_neg, words, out, add):
     """Decode validated words: ``out[c H + row] (+)= mu_pos[c] or mu_neg[c]``;
     without ``add`` every element of ``out`` is written (zeros where nothing
