@@ -192,10 +192,18 @@ class Allreducer:
                 raise ValueError(f"out has {obuf.size} {obuf.dtype} elements "
                                  f"({'device' if obuf.on_device else 'host'}), input has "
                                  f"{buf.size} {buf.dtype} ({'device' if buf.on_device else 'host'})")
+            if not obuf.on_device and not obuf.host.flags.writeable:
+                raise ValueError("out is read-only")
         defer = self._defers_check(buf)
-        if (self._scans_input(buf, defer) and buf.size
-                and (bad := count_nonfinite(np.ascontiguousarray(buf.host)))):
-            raise nonfinite_input(bad, self.codec.name)
+        if self._scans_input(buf, defer) and buf.size:
+            if buf.on_device:
+                buf.backend.synchronize(buf.device)
+                bad = buf.backend.count_nonfinite(buf.device, buf.size, buf.dtype)
+            else:
+                bad = count_nonfinite(np.ascontiguousarray(buf.host),
+                                      bfloat16=buf.dtype == "bfloat16")
+            if bad:
+                raise nonfinite_input(bad, self.codec.name)
         return buf, obuf, defer
 
     def _scans_input(self, buf: Buffer, deferred: bool) -> bool:
@@ -203,8 +211,7 @@ class Allreducer:
         agreement (so the error is raised on every rank; the codecs then skip
         their own scan of the same data) -- unless the check is deferred to
         the encode, which counts them in its one pass (:meth:`_defers_check`)."""
-        return (self.codec.nonfinite == "raise" and self.check == "always"
-                and not buf.on_device and buf.dtype != "bfloat16" and not deferred)
+        return self.codec.nonfinite == "raise" and self.check == "always" and not deferred
 
     def _defers_check(self, buf: Buffer) -> bool:
         """Whether the cross-rank check of this call runs after the local

@@ -171,3 +171,43 @@ def test_nan_counted_by_the_fused_encode_is_raised_everywhere(codec):
     expect_everywhere(lambda: used(bad, key="k"), NonFiniteError,
                       f"rank {SIZE - 1}: input holds 2 NaN/Inf value(s); codec '{codec}'")
     assert used(x, key="k").tobytes() == clean(x, key="k").tobytes()
+
+
+@pytest.mark.parametrize("codec,algorithm", [("none", "mpi"), ("onebit", "twoshot"),
+                                             ("topk", "sparse_split"), ("bf16", "allgather")])
+def test_read_only_out_on_one_rank(codec, algorithm):
+    out = np.empty(100, np.float32)
+    if RANK == SIZE - 1:
+        out.flags.writeable = False
+    r = hpccomm.Allreducer(codec=codec, algorithm=algorithm)
+    expect_everywhere(lambda: r(rank_data(100), out=out), ValueError,
+                      f"rank {SIZE - 1}: out is read-only")
+
+
+def test_nan_in_bfloat16_input_on_one_rank():
+    torch = pytest.importorskip("torch")
+    x = torch.from_numpy(rank_data(64)).to(torch.bfloat16)
+    if RANK == SIZE - 1:
+        x[5] = float("nan")
+        x[9] = float("-inf")
+    for codec, algorithm in [("onebit", "twoshot"), ("bf16", "allgather")]:
+        r = hpccomm.Allreducer(codec=codec, algorithm=algorithm)
+        expect_everywhere(lambda: r(x, key="k"), NonFiniteError,
+                          f"rank {SIZE - 1}: input holds 2 NaN/Inf")
+
+
+@pytest.mark.parametrize("gpu_aware", ["off", "on"])
+def test_nan_in_device_input_on_one_rank(gpu_aware):
+    from .helpers import FakeDeviceArray, FakeDeviceBackend
+
+    backend = FakeDeviceBackend()
+    hpccomm.register_device_backend(backend)
+    try:
+        host = rank_data(50)
+        if RANK == 0:
+            host[49] = np.inf
+        r = hpccomm.Allreducer(codec="onebit", algorithm="twoshot", gpu_aware=gpu_aware)
+        expect_everywhere(lambda: r(FakeDeviceArray(host), key="d"), NonFiniteError,
+                          "rank 0: input holds 1 NaN/Inf")
+    finally:
+        hpccomm.unregister_device_backend(backend)

@@ -45,6 +45,18 @@ class DeviceBackend:
         """``obj /= divisor`` elementwise, in place (IEEE division, as on the host)."""
         raise NotImplementedError
 
+    def count_nonfinite(self, obj: Any, size: int, dtype: str) -> int:
+        """Number of NaN / Inf among the ``size`` elements of ``obj`` (of
+        hpccomm's ``dtype`` name; ``"bfloat16"`` included), after
+        :meth:`synchronize`.  Default: through a host copy; backends override
+        it with a reduction on the device."""
+        from ..kernels.nonfinite import count_nonfinite
+
+        bf16 = dtype == "bfloat16"
+        host = np.empty(size, dtype=np.uint16 if bf16 else np.dtype(dtype))
+        self.to_host(obj, host)
+        return count_nonfinite(host, bfloat16=bf16)
+
     def pinned_empty(self, nbytes: int) -> np.ndarray:
         """Host staging memory (page-locked where the backend can)."""
         return np.empty(nbytes, dtype=np.uint8)
@@ -103,6 +115,13 @@ class CupyBackend(DeviceBackend):
     def divide(self, obj, divisor):  # pragma: no cover - needs a GPU
         arr = self._as(obj)
         arr /= arr.dtype.type(divisor)
+
+    def count_nonfinite(self, obj, size, dtype):  # pragma: no cover - needs a GPU
+        arr = self._as(obj)
+        if dtype == "bfloat16":     # all exponent bits set, on the bit patterns
+            bits = arr.view(self._cupy.uint16)
+            return int(self._cupy.count_nonzero((bits & 0x7F80) == 0x7F80))
+        return int(self._cupy.count_nonzero(~self._cupy.isfinite(arr)))
 
     def pinned_empty(self, nbytes):  # pragma: no cover - needs a GPU
         mem = self._cupy.cuda.alloc_pinned_memory(max(nbytes, 1))

@@ -18,11 +18,14 @@ def _count_all_ones(u, mask):
     return c
 
 
-def count_nonfinite(x: np.ndarray) -> int:
-    """Number of NaN / Inf entries of a contiguous float16/32/64 array: one
-    vectorized pass over the bit patterns (all exponent bits set), without
-    the temporary boolean array of ``np.isfinite``."""
+def count_nonfinite(x: np.ndarray, bfloat16: bool = False) -> int:
+    """Number of NaN / Inf entries of a contiguous float16/32/64 array (or of
+    bfloat16 bit patterns in a uint16 array, ``bfloat16=True``): one pass over
+    the bit patterns (all exponent bits set), without the temporary boolean
+    array of ``np.isfinite``."""
     flat = x.reshape(-1)
+    if bfloat16:
+        return int(_count_all_ones(flat.view(np.uint16), np.uint16(0x7F80)))
     mask = _EXPONENT.get(x.dtype)
     if mask is None:
         return int(np.count_nonzero(~np.isfinite(flat)))
