@@ -142,14 +142,27 @@ class Allreducer:
                 "keys": {k: s.state_dict() for k, s in self._states.items()}}
 
     def load_state_dict(self, state: dict) -> None:
+        """Load what :meth:`state_dict` saved on this rank, with this reducer's
+        configuration and number of ranks.  Collective: a refused state on
+        any rank is raised on every rank."""
         requests.drain()
-        if state.get("format") != 1:
+        states, err = check_local(self._loaded_states, state)
+        agree(self.comm, "load_state_dict", err)
+        self._states = states
+        self._lean.clear()
+
+    def _loaded_states(self, state: dict) -> Dict[str, KeyState]:
+        if not isinstance(state, dict) or state.get("format") != 1:
             raise ValueError("unknown state_dict format")
         if state.get("config") != self.describe():
             raise ValueError(f"state_dict was saved by {state.get('config')!r}, this reducer is "
                              f"{self.describe()!r}")
-        self._states = {k: KeyState.from_state_dict(v) for k, v in state["keys"].items()}
-        self._lean.clear()
+        if (state.get("rank"), state.get("size")) != (self.rank, self.size):
+            raise ValueError(f"state_dict was saved by rank {state.get('rank')} of "
+                             f"{state.get('size')}, this is rank {self.rank} of {self.size} "
+                             f"(residuals belong to one rank at one size: every rank loads "
+                             f"its own)")
+        return {k: KeyState.from_state_dict(v) for k, v in state["keys"].items()}
 
     def reset(self, key: Optional[str] = None) -> None:
         """Forget residuals and step counts (of one key, or of all)."""
@@ -185,6 +198,11 @@ class Allreducer:
                             f"algorithm {self.algorithm.name!r} works in float32")
         if key is not None and not isinstance(key, str):
             raise TypeError(f"key must be a string, not {type(key).__name__}")
+        known = self._states.get(key) if key is not None else None
+        if known is not None and known.n is not None and known.n != buf.size:
+            raise ValueError(f"key {key!r} names a tensor of {known.n} elements, this call has "
+                             f"{buf.size} (its residuals and step count belong to the first): "
+                             f"use another key, or reset({key!r}) first")
         obuf = None
         if out is not None:
             obuf = as_buffer(out)
@@ -268,9 +286,11 @@ class Allreducer:
         buf, obuf, defers = prepared
         state = self._states.get(key) if key is not None else None
         if state is None:
-            state = KeyState()
+            state = KeyState(n=buf.size)
             if key is not None:
                 self._states[key] = state
+        elif state.n is None:        # loaded from a state_dict that did not record it
+            state.n = buf.size
         call = CallStats(key=key or "", n=buf.size)
         ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
                             seed=self.seed, step=state.step, shape=buf.shape, key=key,

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict
+from typing import Dict, Optional
 
 import numpy as np
 
@@ -18,6 +18,8 @@ class KeyState:
     :meth:`state_dict` saves."""
 
     step: int = 0
+    #: the key's number of elements (a key names one tensor)
+    n: Optional[int] = None
     residuals: Dict[str, np.ndarray] = field(default_factory=dict)
     #: per slot, the buffer the next ``v = g + e`` is written to (swapped with
     #: the residual when the memory is updated); not saved by state_dict
@@ -26,9 +28,11 @@ class KeyState:
     cache: Dict[str, object] = field(default_factory=dict)
 
     def state_dict(self) -> dict:
-        return {"step": self.step, "residuals": {k: v.copy() for k, v in self.residuals.items()}}
+        return {"step": self.step, "n": self.n,
+                "residuals": {k: v.copy() for k, v in self.residuals.items()}}
 
     @classmethod
     def from_state_dict(cls, d: dict) -> "KeyState":
         res = {k: np.array(v, dtype=np.float32, copy=True) for k, v in d.get("residuals", {}).items()}
-        return cls(step=int(d.get("step", 0)), residuals=res)
+        n = d.get("n")
+        return cls(step=int(d.get("step", 0)), n=None if n is None else int(n), residuals=res)

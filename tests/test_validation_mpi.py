@@ -211,3 +211,29 @@ def test_nan_in_device_input_on_one_rank(gpu_aware):
                           "rank 0: input holds 1 NaN/Inf")
     finally:
         hpccomm.unregister_device_backend(backend)
+
+
+def test_a_key_whose_size_changes_is_refused_everywhere():
+    r = hpccomm.Allreducer(codec="onebit", algorithm="twoshot")
+    r(rank_data(100), key="k")
+    expect_everywhere(lambda: r(rank_data(200), key="k"), ValueError,
+                      "key 'k' names a tensor of 100 elements, this call has 200")
+    assert r.state_dict()["keys"]["k"]["residuals"], "the refused call dropped the residual"
+    r.reset("k")
+    assert r(rank_data(200), key="k").shape == (200,)
+
+
+def test_a_state_dict_of_another_rank_or_size_is_refused_everywhere():
+    r = hpccomm.Allreducer(codec="onebit", algorithm="twoshot")
+    r(rank_data(100), key="k")
+    mine = r.state_dict()
+    other = COMM.bcast(mine, root=SIZE - 1)            # every rank gets the last rank's
+    if SIZE > 1:
+        expect_everywhere(lambda: r.load_state_dict(other), ValueError,
+                          f"rank 0: state_dict was saved by rank {SIZE - 1} of {SIZE}, "
+                          f"this is rank 0 of {SIZE}")
+    bigger = dict(mine, size=SIZE + 1)
+    expect_everywhere(lambda: r.load_state_dict(bigger), ValueError,
+                      f"state_dict was saved by rank {RANK if SIZE == 1 else 0} of {SIZE + 1}")
+    r.load_state_dict(mine)                              # its own is accepted
+    assert r(rank_data(100), key="k").shape == (100,)
