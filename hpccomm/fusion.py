@@ -101,4 +101,10 @@ class GradientBuckets(BucketRunner):
 
     @property
     def comm_time(self) -> float:
+        """Seconds spent in MPI transfers (and device staging), both reducers."""
+        return self.reducer.stats.t_comm + self.dense_reducer.stats.t_comm
+
+    @property
+    def reduce_time(self) -> float:
+        """Seconds spent in the reducers: encode, communication and decode."""
         return self.reducer.stats.t_total + self.dense_reducer.stats.t_total

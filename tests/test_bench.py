@@ -129,6 +129,9 @@ def test_bench_help_and_unknown_command():
     assert proc.returncode == 0 and "allreduce" in proc.stdout and "netem" in proc.stdout
     proc = run([PY, "-m", "hpccomm.bench", "frobnicate"])
     assert proc.returncode == 2 and "invalid choice" in proc.stderr
+    # under mpiexec, rank 0 alone prints the help
+    proc = bench(3, "allreduce", "--help")
+    assert proc.returncode == 0 and proc.stdout.count("usage:") == 1, proc.stdout
 
 
 def test_codecs_bench_runs(tmp_path):

@@ -44,6 +44,10 @@ def test_bucket_round_trip_is_exact(bucket_bytes):
     for k in SHAPES:
         np.testing.assert_array_equal(grads[k], expected[k], err_msg=k)
     assert buckets.bytes_sent >= 0
+    # communication only; the whole time in the reducers includes encode and decode
+    stats = (reducer.stats, buckets.dense_reducer.stats)
+    assert buckets.comm_time == sum(s.t_comm for s in stats)
+    assert buckets.reduce_time == sum(s.t_total for s in stats)
 
 
 def test_buckets_reject_wrong_shapes():

@@ -60,7 +60,7 @@ def test_sbatch_bench_template(cluster, tmp_path, mpi):
     proc = subprocess.run(
         [sys.executable, "-m", "hpccomm.slurm", "--wait", "--mpi", mpi, "--out", str(out),
          "--ntasks=2", f"--output={tmp_path}/job-%j.out", "--",
-         "-m", "4K:64K", "-f", "16", "-i", "3", "-x", "1"],
+         "-m", "4K:64K", "-f", "16", "-i", "3", "-x", "1", "--csv", str(tmp_path / "a b.csv")],
         env=cluster.env, capture_output=True, text=True, timeout=300, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stdout + proc.stderr + cluster.logs()
     assert "state COMPLETED, exit code 0:0" in proc.stdout
@@ -69,6 +69,7 @@ def test_sbatch_bench_template(cluster, tmp_path, mpi):
     assert data["meta"]["ranks"] == 2
     assert {r["size"] for r in data["rows"]} == {4096, 65536}
     assert "MPI_Allreduce" in (job_dir / "bench.txt").read_text()
+    assert (tmp_path / "a b.csv").exists()     # an argument with a space arrives as one word
 
 
 def test_sbatch_train_template(cluster, tmp_path):

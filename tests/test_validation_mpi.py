@@ -237,3 +237,16 @@ def test_a_state_dict_of_another_rank_or_size_is_refused_everywhere():
                       f"state_dict was saved by rank {RANK if SIZE == 1 else 0} of {SIZE + 1}")
     r.load_state_dict(mine)                              # its own is accepted
     assert r(rank_data(100), key="k").shape == (100,)
+
+
+def test_error_feedback_in_the_stateless_allreduce_is_refused_everywhere():
+    expect_everywhere(lambda: hpccomm.allreduce(rank_data(10), codec="onebit",
+                                                algorithm="twoshot", error_feedback=True),
+                      TypeError, "hpccomm.allreduce is stateless and takes no error_feedback")
+
+
+@pytest.mark.parametrize("algorithm", ["sparse_rd", "sparse_allgather", "kylix"])
+@pytest.mark.parametrize("codec", ["onebit", "qsgd", "bf16"])
+def test_sparse_algorithms_refuse_dense_codecs(codec, algorithm):
+    expect_everywhere(lambda: hpccomm.allreduce(rank_data(10), codec=codec, algorithm=algorithm),
+                      ValueError, f"algorithm {algorithm!r} sends (index, value) pairs")

@@ -54,8 +54,20 @@ def limit_blas_threads() -> None:
     threadpool_limits(limits=int(os.environ.get("HPCCOMM_BLAS_THREADS", "1")), user_api="blas")
 
 
+def launcher_rank() -> int:
+    """This process's rank as the MPI launcher (mpiexec, srun) set it in the
+    environment, read without initializing MPI; 0 outside a launcher."""
+    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+        value = os.environ.get(name, "")
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
+    if launcher_rank() > 0 and any(a in ("-h", "--help", "--version") for a in argv):
+        return 0        # under mpiexec, rank 0 alone prints help and version
     parser = argparse.ArgumentParser(
         prog="python -m hpccomm.bench",
         description="hpccomm benchmark suite",

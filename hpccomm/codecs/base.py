@@ -110,6 +110,9 @@ class Codec:
     fixed_size: ClassVar[bool] = True
     #: biased estimator that needs error feedback to converge
     biased: ClassVar[bool] = False
+    #: encodes every element (a quantizer): the sparse algorithms, which send
+    #: (index, value) pairs of the decoded vector, refuse it
+    dense: ClassVar[bool] = False
     #: chunk boundaries used by algorithms are multiples of this many elements
     unit: ClassVar[int] = 1
     #: user dtypes the codec serves; codecs always see float32 (the caller

@@ -25,6 +25,7 @@ from .fp16 import HalfWidthCodec
 @register_codec
 class Bf16Codec(HalfWidthCodec):
     name = "bf16"
+    dense = True
     codec_id = 2
     bfloat = True
     _from_bits = staticmethod(K.bf16_to_f32)

@@ -88,6 +88,7 @@ class HalfWidthCodec(Codec):
 @register_codec
 class Fp16Codec(HalfWidthCodec):
     name = "fp16"
+    dense = True
     codec_id = 1
     _to_bits = staticmethod(K.f32_to_f16)
     _from_bits = staticmethod(K.f16_to_f32)

@@ -72,6 +72,7 @@ def _tile_columns(n: int, col_len: int) -> int:
 @register_codec
 class OneBitCodec(Codec):
     name = "onebit"
+    dense = True
     codec_id = 3
     biased = True
 

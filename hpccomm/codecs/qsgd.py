@@ -63,6 +63,7 @@ def _packet_size(n: int, bits: int, bucket: int) -> int:
 @register_codec
 class QSGDCodec(Codec):
     name = "qsgd"
+    dense = True
     codec_id = 5
     stochastic = True
     summable = True

@@ -55,6 +55,7 @@ CODES_OFFSET = HEADER_SIZE + 4
 @register_codec
 class TernGradCodec(Codec):
     name = "terngrad"
+    dense = True
     codec_id = 4
     stochastic = True
     summable = True

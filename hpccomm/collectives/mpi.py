@@ -14,7 +14,7 @@ class MpiAllreduce(Algorithm):
     def check_codec(self, codec):
         if codec.name != "none":
             raise ValueError(f"algorithm 'mpi' sends dense values and takes codec='none', not "
-                             f"{codec.name!r}; pick a compressed algorithm such as 'twoshot'")
+                             f"{codec.name!r}; pick a compressed algorithm such as 'twoshot', or 'auto'")
 
     def sends_dense(self, n, shape, key):
         return True

@@ -272,6 +272,13 @@ class SparseAlgorithm(Algorithm):
     the same ``n``; the caller has validated ``idx`` (increasing, inside
     ``[0, n)``, dtype :func:`index_dtype`) and ``vals`` (float32)."""
 
+    def check_codec(self, codec):
+        if codec.dense:
+            raise ValueError(f"algorithm {self.name!r} sends (index, value) pairs: it takes a "
+                             f"sparsifying codec (topk, randk, dgc, threshold, adaptive) or "
+                             f"'none' for input that is already sparse; {codec.name!r} encodes "
+                             f"every element (try 'twoshot' or 'allgather')")
+
     def exchange(self, work, out, state, ctx):
         call = ctx.call
         with call.time("encode"):
