@@ -25,7 +25,7 @@ oversized or corrupt packet must be rejected in Python with
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Optional, Tuple, Type
 
 import numpy as np
@@ -70,6 +70,11 @@ class EncodeContext:
     #: the caller has already checked that the input is finite (the reducer's
     #: scan of the very data being encoded): the codec skips its own scan
     finite: bool = False
+    #: under error feedback, the fresh part of the vector being encoded (``g``
+    #: of ``v = g + e``, the same length), or None (``v`` itself is fresh):
+    #: codecs whose parameter scales with the input (threshold's ``alpha``)
+    #: take the scale from it, not from ``v``, whose residual grows
+    fresh: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
 
 
 def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:

@@ -39,7 +39,7 @@ class SummableAllreduce(Algorithm):
             scale = np.ascontiguousarray(scale, dtype=np.float32)
             net.allreduce(scale, op="max")
         with call.time("encode"):
-            codes = codec.to_summable(v, scale, ctx.encode_context(self.rank))
+            codes = codec.to_summable(v, scale, work.context(ctx.encode_context(self.rank)))
             total = codes.astype(codec.summable_dtype(P), copy=True)
         if P > 1:
             net.allreduce(total)
