@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -511,6 +512,23 @@ def test_randk_biased_sends_plain_values():
     out = get_codec("randk", ratio=0.1, unbiased=False).roundtrip(x, CTX)
     assert np.count_nonzero(out) == 10
     np.testing.assert_array_equal(out[out != 0], x[out != 0])
+
+
+def test_randk_under_feedback_sends_plain_values():
+    """Under error feedback (``ctx.feedback``) the unbiased codec sends the
+    contractive ``C / (1 + omega)``, ``omega = n / k - 1``: the values as
+    they are, in the packet, the pairs and the summable form alike."""
+    x = data(100, 15)
+    codec = get_codec("randk", ratio=0.1)
+    ctx = replace(CTX, feedback=True)
+    out = codec.roundtrip(x, ctx)
+    assert np.count_nonzero(out) == 10
+    np.testing.assert_array_equal(out[out != 0], x[out != 0])
+    assert codec.encode(x, ctx).tobytes() == \
+        get_codec("randk", ratio=0.1, unbiased=False).encode(x, CTX).tobytes()
+    idx, vals = codec.sparsify(x, ctx)
+    np.testing.assert_array_equal(vals, x[idx])
+    np.testing.assert_array_equal(codec.to_summable(x, None, ctx)[:10], x[idx])
 
 
 def test_randk_summable_form():

@@ -70,6 +70,12 @@ class EncodeContext:
     #: the caller has already checked that the input is finite (the reducer's
     #: scan of the very data being encoded): the codec skips its own scan
     finite: bool = False
+    #: the encode runs under error feedback (``v = g + e``; ``e = v -
+    #: decode``): the unbiased stochastic codecs (qsgd, terngrad, randk) then
+    #: send the contractive ``C(v) / (1 + omega)`` of their variance factor
+    #: ``omega`` (each codec's docstring says how) -- error feedback needs a
+    #: contractive compressor
+    feedback: bool = False
     #: under error feedback, the fresh part of the vector being encoded (``g``
     #: of ``v = g + e``, the same length), or None (``v`` itself is fresh):
     #: codecs whose parameter scales with the input (threshold's ``alpha``)
@@ -115,6 +121,9 @@ class Codec:
     fixed_size: ClassVar[bool] = True
     #: biased estimator that needs error feedback to converge
     biased: ClassVar[bool] = False
+    #: the summable form honours ``EncodeContext.feedback`` (False: algorithm
+    #: ``summable`` refuses error feedback with this codec)
+    summable_feedback: ClassVar[bool] = True
     #: chunk boundaries used by algorithms are multiples of this many elements
     unit: ClassVar[int] = 1
     #: user dtypes the codec serves; codecs always see float32 (the caller

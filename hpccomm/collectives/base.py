@@ -77,8 +77,10 @@ class ReduceContext:
         return self.net.call
 
     def encode_context(self, rank: int, offset: int = 0) -> EncodeContext:
+        """The context of an encode as ``rank`` at ``offset``; ``feedback``
+        when the call keeps a memory (the worker's, and then the owner's)."""
         return EncodeContext(seed=self.seed, rank=rank, step=self.step, offset=offset,
-                             shape=self.shape)
+                             shape=self.shape, feedback=self.memory.enabled)
 
 
 def chunk_bounds(n: int, parts: int, align: int = 1) -> np.ndarray:
@@ -278,6 +280,10 @@ class Algorithm:
 
     def check_codec(self, codec: Codec) -> None:
         """Raise ValueError if this algorithm cannot carry ``codec``."""
+
+    def check_memory(self, memory: Memory) -> None:
+        """Raise ValueError if this algorithm cannot carry the codec with
+        ``memory`` (the reducer asks once it has chosen the memory)."""
 
     def params(self) -> Dict[str, object]:
         return {}
