@@ -48,7 +48,9 @@ class Allreducer:
         ``"dgc"`` or a :class:`~hpccomm.memory.DGCMemory` (DGC's momentum
         correction and masking), or ``None`` for the codec's default (a
         residual for biased codecs such as onebit, topk, threshold).  Memory is
-        kept per ``key``; calls without a key keep no state.
+        kept per ``key``; calls without a key keep no state.  Unbiased codecs
+        (qsgd, terngrad, randk) under a memory send their contractive form
+        ``C / (1 + omega)`` (see each codec's docstring).
     check:
         ``"always"`` (default): every call first agrees across ranks on the
         length, dtype, codec, algorithm, op and key, and on whether any rank
@@ -114,6 +116,7 @@ class Allreducer:
         self.codec = get_codec(codec, **codec_opts)
         self.algorithm = alg_cls(self.parent, self.codec, **alg_opts)
         self.memory: Memory = get_memory(error_feedback, biased=self.codec.biased)
+        self.algorithm.check_memory(self.memory)
         self.gpu_aware = resolve_gpu_aware(gpu_aware)
 
     def describe(self) -> str:

@@ -65,6 +65,13 @@ class Memory:
         """Return the vector to encode (``g`` is never modified)."""
         return g
 
+    def fresh(self, state: KeyState, slot: str, g: np.ndarray) -> np.ndarray:
+        """The part of ``v`` that is new this call (after :meth:`compensate`):
+        ``g`` itself by default.  Codecs whose parameter scales with the input
+        (threshold's ``alpha``) take the scale from it rather than from ``v``,
+        whose carried residual grows as long as it is not sent."""
+        return g
+
     def update(self, state: KeyState, slot: str, v: np.ndarray, decoded: np.ndarray) -> None:
         """``v`` (from :meth:`compensate`) went out as ``decoded``."""
 
@@ -223,6 +230,12 @@ class DGCMemory(Memory):
         if self.nesterov:
             v += g                                                   # (e + u) + g
         return v
+
+    def fresh(self, state, slot, g):
+        """The momentum-corrected gradient ``u`` (Nesterov: ``u + g``), what
+        ``v`` adds to the residual this call."""
+        u = state.residuals["momentum"].reshape(g.shape)
+        return u + g if self.nesterov else u
 
     def update(self, state, slot, v, decoded):
         RESIDUAL.update(state, slot, v, decoded)

@@ -8,6 +8,7 @@ packets (hypothesis).
 """
 import math
 import re
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -771,7 +772,9 @@ FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097
 def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
     """Every fused kernel against the three steps it replaces, bit for bit
     (packet and new residual): zeros of both signs, subnormals, values beyond
-    fp16's range (saturated) included."""
+    fp16's range (saturated) included.  The encode sees ``x`` as the fresh
+    part (threshold's ``alpha``); with a residual, under ``feedback`` (the
+    unbiased codecs' contracted form)."""
     codec = hpccomm.get_codec(name, **params)
     rng = np.random.default_rng(n)
     x = rng.standard_normal(n).astype(np.float32)
@@ -780,11 +783,11 @@ def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
     e = rng.standard_normal(n).astype(np.float32) * np.float32(0.1) if has_e else None
     if has_e and n > 10:
         e[8:10] = (-0.0, 0.0)
-    ctx = EncodeContext(shape=(n,))
+    ctx = EncodeContext(shape=(n,), feedback=has_e)
     e_out = np.full(n, np.nan, np.float32)
     packet = codec.encode_with_feedback(x, e, e_out, ctx)
     v = x + e if has_e else x.copy()
-    want = codec.encode(v, ctx)
+    want = codec.encode(v, replace(ctx, fresh=x))
     want_e = v - codec.decode(want, np.empty(n, np.float32))
     assert packet.tobytes() == want.tobytes()
     assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
@@ -801,7 +804,7 @@ def test_stochastic_fused_kernels_draw_with_the_context(name, params, n, has_e):
     rng = np.random.default_rng(n + 1)
     x = rng.standard_normal(n).astype(np.float32)
     e = rng.standard_normal(n).astype(np.float32) * np.float32(0.3) if has_e else None
-    ctx = EncodeContext(seed=9, rank=4, step=6, offset=1001, shape=(n,))
+    ctx = EncodeContext(seed=9, rank=4, step=6, offset=1001, shape=(n,), feedback=has_e)
     e_out = np.full(n, np.nan, np.float32)
     packet = codec.encode_with_feedback(x, e, e_out, ctx)
     v = x + e if has_e else x.copy()
@@ -809,6 +812,90 @@ def test_stochastic_fused_kernels_draw_with_the_context(name, params, n, has_e):
     assert packet.tobytes() == want.tobytes()
     want_e = v - codec.decode(want, np.empty(n, np.float32))
     assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
+
+
+def _contraction(codec, x, ctx):
+    """``||decode(encode(x)) - x||**2 / ||x||**2``."""
+    out = codec.decode(codec.encode(x, ctx), np.empty(x.size, np.float32))
+    d = out.astype(np.float64) - x
+    return float(d @ d / (x.astype(np.float64) @ x))
+
+
+@pytest.mark.parametrize("params", [{}, {"bits": 2, "bucket": 7}, {"bits": 8, "bucket": 100},
+                                    {"bits": 4, "bucket": 64, "norm": "max"}])
+@pytest.mark.parametrize("n", [1, 33, 1000, 4097 * 3 + 5])
+def test_qsgd_under_feedback_stores_contracted_scales(params, n):
+    """Under ``feedback`` the codes are those of the plain encode and bucket
+    ``j`` stores ``float32(S_j / (1 + omega_j))``, ``omega_j`` the smaller of
+    ``min(d / L**2, sqrt(d) / L)`` of its own length ``d`` and ``S_j
+    ||x_j||_1 / (L ||x_j||**2)``; the rest is unchanged."""
+    codec = hpccomm.get_codec("qsgd", **params)
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    ctx = EncodeContext(seed=3, rank=1, step=2, offset=5)
+    plain = codec.encode(x, ctx)
+    fed = codec.encode(x, replace(ctx, feedback=True))
+    bucket = min(codec.bucket, n)
+    nb = -(-n // bucket)
+    L = codec.levels
+    lens = np.array([min(bucket, n - j * bucket) for j in range(nb)], np.float64)
+    S = plain[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32).astype(np.float64)
+    x64 = x.astype(np.float64)
+    l1 = np.array([np.abs(x64[j * bucket:(j + 1) * bucket]).sum() for j in range(nb)])
+    l2 = np.array([(x64[j * bucket:(j + 1) * bucket] ** 2).sum() for j in range(nb)])
+    omega = np.minimum(np.minimum(lens / L ** 2, np.sqrt(lens) / L), S * l1 / (L * l2))
+    want = S / (1.0 + omega)
+    got = fed[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    assert fed[HEADER_SIZE + 4 * nb:].tobytes() == plain[HEADER_SIZE + 4 * nb:].tobytes()
+    assert fed[:HEADER_SIZE].tobytes() == plain[:HEADER_SIZE].tobytes()
+
+
+@pytest.mark.parametrize("clip", [2.5, None])
+@pytest.mark.parametrize("n", [1, 33, 1000, 4097 * 3 + 5])
+def test_terngrad_under_feedback_stores_the_contracted_scale(clip, n):
+    """Under ``feedback`` ``clip`` does not apply: the codes are those of
+    the plain unclipped encode (scale ``s = max|v|``), and the packet's scale
+    is ``float32(s ||v||**2 / (max|v| ||v||_1))``; all zeros keep ``s``."""
+    codec = hpccomm.get_codec("terngrad", clip=clip)
+    x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+    ctx = EncodeContext(seed=3, rank=1, step=2)
+    plain = hpccomm.get_codec("terngrad", clip=None).encode(x, ctx)
+    fed = codec.encode(x, replace(ctx, feedback=True))
+    s = float(plain[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0])
+    x64 = x.astype(np.float64)
+    assert s == np.abs(x64).max()
+    a = (x64 @ x64) / (s * np.abs(x64).sum())
+    got = float(fed[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0])
+    assert got == pytest.approx(s * a, rel=1e-6) and got <= s
+    assert fed[HEADER_SIZE + 4:].tobytes() == plain[HEADER_SIZE + 4:].tobytes()
+    zeros = np.zeros(n, np.float32)
+    assert codec.encode(zeros, replace(ctx, feedback=True)).tobytes() == \
+        codec.encode(zeros, ctx).tobytes()
+
+
+@pytest.mark.parametrize("name,params", [("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 7}),
+                                         ("terngrad", {}), ("terngrad", {"clip": None}),
+                                         ("randk", {"ratio": 0.05})])
+def test_feedback_form_is_contractive(name, params):
+    """The decoded value under ``feedback`` is contractive on average,
+    ``E||C(x) - x||**2 < ||x||**2`` (what error feedback needs) -- for QSGD
+    within its bound ``omega / (1 + omega)`` -- where the plain unbiased
+    forms of terngrad and randk are not; on heavy-tailed input too."""
+    codec = hpccomm.get_codec(name, **params)
+    rng = np.random.default_rng(1)
+    bound = 0.99
+    if name == "qsgd":
+        omega = codec.omega(codec.bucket)
+        bound = omega / (1 + omega)
+    for x in (rng.standard_normal(5000).astype(np.float32),
+              rng.standard_t(2, 5000).astype(np.float32)):
+        fed = np.mean([_contraction(codec, x, EncodeContext(seed=s, step=s, feedback=True))
+                       for s in range(8)])
+        plain = np.mean([_contraction(codec, x, EncodeContext(seed=s, step=s))
+                         for s in range(8)])
+        assert fed < bound, (fed, plain)
+        if name != "qsgd":
+            assert plain > 1.0, (fed, plain)
 
 
 @pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc", "threshold",

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 import warnings
+from dataclasses import replace
 from fractions import Fraction
 
 import numpy as np
@@ -174,8 +175,11 @@ def test_bad_parameters(name, params):
 
 
 def test_threshold_defaults_to_alpha():
+    """``alpha = 1 / max_ratio``: the steady-state density under error
+    feedback, ``mean|g| / tau <= 1 / alpha``, then stays within the cap."""
     c = get_codec("threshold")
-    assert c.tau is None and c.alpha == 2.5 and not c.summable
+    assert c.tau is None and c.alpha == 4.0 and not c.summable
+    assert get_codec("threshold", max_ratio=0.1).alpha == 10.0
 
 
 def test_counts_use_the_decimal_ratio():
@@ -416,6 +420,34 @@ def test_threshold_alpha_uses_the_documented_summation_order(n):
     assert fused.tobytes() == packet.tobytes()
 
 
+@pytest.mark.parametrize("n", [5, 1003, 3 * BLOCK + 1003])
+def test_threshold_alpha_takes_tau_from_the_fresh_gradient(n):
+    """Under error feedback ``tau = alpha * RMS(g)`` of the fresh ``g``
+    (``ctx.fresh``), not of ``v = g + e``: the fused kernel sums the squares
+    of ``x`` while it forms ``v``, and gives the bits of encoding ``v`` with
+    ``fresh=g``, decoding and subtracting."""
+    g = data(n, 21)
+    e = data(n, 22) * np.float32(5)           # a residual much larger than g
+    v = g + e
+    ss = ref_sum_squares(g)
+    assert sparse_kernels.compensate(g, e, np.empty(n, np.float32), True)[1] == ss
+    codec = get_codec("threshold", alpha=1.2)
+    tau = np.float32(1.2 * math.sqrt(ss / n))
+    packet = codec.encode(v, EncodeContext(fresh=g))
+    assert packet[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0] == tau
+    plain = codec.encode(v)                   # no fresh part: v's own RMS
+    assert plain[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0] > 2 * tau
+    e_out = np.empty(n, np.float32)
+    fused = codec.encode_with_feedback(g, e, e_out, EncodeContext())
+    assert fused.tobytes() == packet.tobytes()
+    want = v - codec.decode(packet, np.empty(n, np.float32))
+    assert e_out.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    idx, vals = codec.sparsify(v, EncodeContext(fresh=g))
+    assert np.all(np.abs(vals) == tau) and idx.size == int(packet[4:8].view(np.uint32)[0])
+    with pytest.raises(ValueError, match="fresh part"):
+        codec.encode(v, EncodeContext(fresh=g[:-1]))
+
+
 def test_threshold_cap_keeps_the_largest():
     x = np.array([0.6, -2.0, 0.7, 3.0, -0.6, 0.0, 1.0, -1.0], dtype=np.float32)
     out = get_codec("threshold", tau=0.5, max_ratio=0.375).roundtrip(x)  # cap 3
@@ -480,6 +512,23 @@ def test_randk_biased_sends_plain_values():
     out = get_codec("randk", ratio=0.1, unbiased=False).roundtrip(x, CTX)
     assert np.count_nonzero(out) == 10
     np.testing.assert_array_equal(out[out != 0], x[out != 0])
+
+
+def test_randk_under_feedback_sends_plain_values():
+    """Under error feedback (``ctx.feedback``) the unbiased codec sends the
+    contractive ``C / (1 + omega)``, ``omega = n / k - 1``: the values as
+    they are, in the packet, the pairs and the summable form alike."""
+    x = data(100, 15)
+    codec = get_codec("randk", ratio=0.1)
+    ctx = replace(CTX, feedback=True)
+    out = codec.roundtrip(x, ctx)
+    assert np.count_nonzero(out) == 10
+    np.testing.assert_array_equal(out[out != 0], x[out != 0])
+    assert codec.encode(x, ctx).tobytes() == \
+        get_codec("randk", ratio=0.1, unbiased=False).encode(x, CTX).tobytes()
+    idx, vals = codec.sparsify(x, ctx)
+    np.testing.assert_array_equal(vals, x[idx])
+    np.testing.assert_array_equal(codec.to_summable(x, None, ctx)[:10], x[idx])
 
 
 def test_randk_summable_form():

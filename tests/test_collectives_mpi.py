@@ -190,8 +190,11 @@ def test_error_feedback_running_mean_converges(codec, algorithm):
     # shaped as a layer's gradient: onebit reconstructs per column (of 32 here)
     x = rank_data(n, seed=9).reshape(16, 32)
     exact = exact_sum(n, seed=9).reshape(16, 32)
+    # threshold: its default alpha (4: alpha = 1 keeps the cap from carrying
+    # the gradient, which then piles up in the residual)
+    params = {} if codec == "threshold" else CODEC_PARAMS.get(codec, {})
     reducer = hpccomm.Allreducer(codec=codec, algorithm=algorithm, error_feedback=True,
-                                 seed=SEED, **CODEC_PARAMS.get(codec, {}))
+                                 seed=SEED, **params)
     acc = np.zeros((16, 32), dtype=np.float64)
     errors = {}
     for t in range(1, 65):

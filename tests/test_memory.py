@@ -133,3 +133,23 @@ def test_owner_slot_keeps_a_plain_residual():
     assert isinstance(DGCMemory().owner, ResidualMemory)
     assert isinstance(ResidualMemory().owner, ResidualMemory)
     assert isinstance(NoMemory().owner, NoMemory)
+
+
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_fresh_part_is_what_v_adds_to_the_residual(nesterov):
+    """``fresh``: the part of ``v`` new this call, whose scale threshold's
+    ``alpha`` follows -- ``g`` for the residual, DGC's velocity ``u``
+    (Nesterov: ``u + g``) for DGC's memory."""
+    rng = np.random.default_rng(4)
+    g = rng.standard_normal((3, 5)).astype(np.float32)
+    st = KeyState()
+    assert ResidualMemory().fresh(st, "worker", g) is g
+    assert NoMemory().fresh(st, "worker", g) is g
+    mem, st = DGCMemory(momentum=0.5, nesterov=nesterov), KeyState()
+    for _ in range(2):
+        v = mem.compensate(st, "worker", g)
+        fresh = mem.fresh(st, "worker", g)
+        u = st.residuals["momentum"].reshape(g.shape)
+        assert fresh.shape == g.shape
+        np.testing.assert_array_equal(fresh, u + g if nesterov else u)
+        mem.update(st, "worker", v, np.zeros(15, np.float32))

@@ -25,7 +25,7 @@ oversized or corrupt packet must be rejected in Python with
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Dict, Optional, Tuple, Type
 
 import numpy as np
@@ -70,6 +70,17 @@ class EncodeContext:
     #: the caller has already checked that the input is finite (the reducer's
     #: scan of the very data being encoded): the codec skips its own scan
     finite: bool = False
+    #: the encode runs under error feedback (``v = g + e``; ``e = v -
+    #: decode``): the unbiased stochastic codecs (qsgd, terngrad, randk) then
+    #: send the contractive ``C(v) / (1 + omega)`` of their variance factor
+    #: ``omega`` (each codec's docstring says how) -- error feedback needs a
+    #: contractive compressor
+    feedback: bool = False
+    #: under error feedback, the fresh part of the vector being encoded (``g``
+    #: of ``v = g + e``, the same length), or None (``v`` itself is fresh):
+    #: codecs whose parameter scales with the input (threshold's ``alpha``)
+    #: take the scale from it, not from ``v``, whose residual grows
+    fresh: Optional[np.ndarray] = field(default=None, compare=False, repr=False)
 
 
 def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
@@ -113,6 +124,9 @@ class Codec:
     #: encodes every element (a quantizer): the sparse algorithms, which send
     #: (index, value) pairs of the decoded vector, refuse it
     dense: ClassVar[bool] = False
+    #: the summable form honours ``EncodeContext.feedback`` (False: algorithm
+    #: ``summable`` refuses error feedback with this codec)
+    summable_feedback: ClassVar[bool] = True
     #: chunk boundaries used by algorithms are multiples of this many elements
     unit: ClassVar[int] = 1
     #: user dtypes the codec serves; codecs always see float32 (the caller

@@ -16,9 +16,16 @@ regenerates the indices from it.
 
 Scaling: ``unbiased=True`` multiplies the sent values by ``n / k`` (as a
 float32), so ``E[decode(encode(x))] = x`` over the random subsets; the codec
-is then unbiased and error feedback defaults off (with error feedback the
-residual of a sent element would be ``x_i (1 - n / k)``).  ``unbiased=False``
-sends the values as they are: a biased codec, error feedback on by default.
+is then unbiased and error feedback defaults off.  ``unbiased=False`` sends
+the values as they are: a biased codec, error feedback on by default.
+
+Error feedback (``EncodeContext.feedback``) needs a contractive compressor:
+the scaled values would leave ``x_i (1 - n / k)`` in the residual of a sent
+element, which grows without bound.  Random-k scaled by ``n / k`` has the
+variance factor ``omega = n / k - 1``, and its contractive form ``C / (1 +
+omega)`` (Stich et al. 2018) is the unscaled values: under feedback the
+codec sends the values as they are, ``unbiased`` or not (``E||C/(1+omega) -
+x||**2 = (1 - k / n) ||x||**2``).  So does the summable form.
 
 Wire layout (version 1), little-endian::
 
@@ -115,13 +122,14 @@ class RandK(Codec):
 
     # -- selection -------------------------------------------------------------
     def _values(self, x, ctx):
-        """``(key, idx, values)`` of one call, values scaled when unbiased."""
+        """``(key, idx, values)`` of one call, values scaled when unbiased
+        (and not under error feedback: see the module docstring)."""
         n = x.size
         k = self.count(n)
         key = index_key(ctx.seed, ctx.step, ctx.offset)
         idx = random_indices(key, n, k)
         vals = x[idx]
-        if self.unbiased and k:
+        if self.unbiased and k and not ctx.feedback:
             vals *= np.float32(n / k)
         return key, idx, vals
 

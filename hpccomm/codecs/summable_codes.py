@@ -30,3 +30,13 @@ def check_total(total, out, name: str) -> None:
         raise TypeError(f"{name}: target must be a contiguous 1-D float32 array")
     if total.size != out.size:
         raise ValueError(f"{name}: {total.size} summed codes for {out.size} elements")
+
+
+def check_no_feedback(codec, ctx) -> None:
+    """ValueError for ``to_summable`` under error feedback: codes summed
+    across ranks against one shared scale have no per-rank contraction (see
+    the codec's docstring), and the unbiased codes make the residual grow."""
+    if ctx.feedback:
+        raise ValueError(f"{codec.name}: the summable form cannot carry error feedback (the "
+                         f"codec is unbiased; use algorithm 'twoshot' or 'allgather', whose "
+                         f"packets contract, or error_feedback=False)")

@@ -31,6 +31,25 @@ Wire size ``20 + ceil(n / 4)`` bytes: 2 bits per element plus 160 bits
 (the layout of ``qsgd`` with ``bits=2``, one bucket; the reference code packs
 four contiguous quarters instead of consecutive elements).
 
+Error feedback (``EncodeContext.feedback``; off by default: the codec is
+unbiased) needs a contractive compressor.  TernGrad of ``v`` at the scale
+``M = max|v|`` has ``E||T(v) - v||**2 = M ||v||_1 - ||v||**2``, the variance
+factor ``omega = M ||v||_1 / ||v||**2 - 1`` of this very ``v``.  Under
+feedback ``clip`` does not apply (``s = M``) and the packet stores ``s' =
+float32(s / (1 + omega)) = float32(s ||v||**2 / (M ||v||_1))`` (``||v||_1``
+and ``||v||**2`` from the moments' pass,
+:func:`~hpccomm.kernels.quantize.tern_stats`; ``s`` itself when ``v`` is all
+zeros or not finite): the codes are drawn against ``s`` as above, every
+kept element decodes to ``+-s'``, and ``T(v) / (1 + omega)`` is contractive,
+``E||T/(1+omega) - v||**2 = omega / (1 + omega) ||v||**2`` (Stich et al.
+2018, Karimireddy et al. 2019), so the residual ``v - decode`` stays
+bounded: 3.9 ``||g||`` on a repeated Gaussian (measured).  Clipped, an
+element above ``s`` could send at most ``s'`` per step and the residual
+grew as ``sqrt(t)``.  For a Gaussian of ``10**5`` elements (``M`` about 4.4
+sigma) ``s' / s`` is about 0.28.  The layout is unchanged; the summable form
+has no such scaling (one shared scale for all ranks), and ``summable``
+refuses error feedback with ``terngrad``.
+
 Summable form (algorithm ``summable``): ``shared_scale(x)`` is ``[s]``, which
 the algorithm MAX-reduces; ``to_summable`` ternarizes against the shared
 scale ``S`` -- entries clipped at this rank's own ``s``, kept with
@@ -45,7 +64,7 @@ import numpy as np
 from ..errors import PacketError
 from ..kernels import quantize as K
 from ..kernels.rng import stream_key
-from .summable_codes import check_total, scale_array, summed_code_dtype
+from .summable_codes import check_no_feedback, check_total, scale_array, summed_code_dtype
 from .base import HEADER_SIZE, Codec, payload_rows, register_codec
 
 #: payload offset: header + the float32 scale
@@ -59,6 +78,7 @@ class TernGradCodec(Codec):
     codec_id = 4
     stochastic = True
     summable = True
+    summable_feedback = False
 
     def __init__(self, clip=2.5, nonfinite: str = "raise"):
         super().__init__(nonfinite=nonfinite)
@@ -89,15 +109,25 @@ class TernGradCodec(Codec):
 
     def scale(self, x: np.ndarray) -> np.float32:
         """The clipping threshold and scaler ``s`` of ``x`` (see above)."""
-        maxabs, s1, s2, _ = K.tern_stats(x)
+        maxabs, s1, s2, _, _, _ = K.tern_stats(x)
         return self._scale_from(x.size, maxabs, s1, s2)
 
-    def _scale_from(self, n, maxabs, s1, s2) -> np.float32:
-        """``s`` from the moments of :func:`~hpccomm.kernels.quantize.tern_stats`."""
+    @staticmethod
+    def _unit(s, maxabs, l1, l2, ctx) -> np.float32:
+        """The scale the packet stores: ``s``, or under error feedback
+        ``float32(s * ||v||**2 / (max|v| ||v||_1))`` (see above)."""
+        if not ctx.feedback or not (maxabs > 0 and math.isfinite(l1) and l1 > 0
+                                    and math.isfinite(l2)):
+            return s
+        return np.float32(float(s) * min(1.0, l2 / (float(maxabs) * l1)))
+
+    def _scale_from(self, n, maxabs, s1, s2, ctx=None) -> np.float32:
+        """``s`` from the moments of :func:`~hpccomm.kernels.quantize.tern_stats`
+        (unclipped under error feedback, ``ctx.feedback``)."""
         if not (math.isfinite(s1) and math.isfinite(s2)):
             return np.float32(np.nan)
         s = float(maxabs)
-        if self.clip is not None and n:
+        if self.clip is not None and n and not (ctx is not None and ctx.feedback):
             sigma = math.sqrt(max(s2 / n - (s1 / n) ** 2, 0.0))
             if sigma > 0:
                 s = min(s, self.clip * sigma)
@@ -115,9 +145,11 @@ class TernGradCodec(Codec):
         return packet, packet[CODES_OFFSET:]
 
     def _encode(self, x, ctx):
-        s = self.scale(x)
-        packet, codes = self._new_packet(x.size, s)
-        K.tern_pack(x, self._key(ctx), ctx.offset, s, s, codes)
+        maxabs, s1, s2, l1, l2, _ = K.tern_stats(x)
+        s = self._scale_from(x.size, maxabs, s1, s2, ctx)
+        unit = self._unit(s, maxabs, l1, l2, ctx)
+        packet, codes = self._new_packet(x.size, unit)
+        K.tern_encode(x, None, self._key(ctx), ctx.offset, s, s, unit, codes)
         return packet
 
     def encode_with_feedback(self, x, e, e_out, ctx):
@@ -129,11 +161,12 @@ class TernGradCodec(Codec):
         decode and subtract."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         n = x.size
-        maxabs, s1, s2, bad = K.tern_stats(x, e)
+        maxabs, s1, s2, l1, l2, bad = K.tern_stats(x, e)
         self._raise_nonfinite(bad)
-        s = self._scale_from(n, maxabs, s1, s2)
-        packet, codes = self._new_packet(n, s)
-        K.tern_encode(x, e, self._key(ctx), ctx.offset, s, s, codes, e_out)
+        s = self._scale_from(n, maxabs, s1, s2, ctx)
+        unit = self._unit(s, maxabs, l1, l2, ctx)
+        packet, codes = self._new_packet(n, unit)
+        K.tern_encode(x, e, self._key(ctx), ctx.offset, s, s, unit, codes, e_out)
         return packet
 
     def owner_step(self, received, e, e_out, out, ctx):
@@ -151,11 +184,12 @@ class TernGradCodec(Codec):
         scales = payload_rows(received, HEADER_SIZE, np.float32, 1)
         rows = payload_rows(received, CODES_OFFSET, np.uint8, -(-m // 4))
         e = None if e_out is None else e
-        maxabs, s1, s2, bad = K.tern_owner_stats(rows, scales, e, out)
+        maxabs, s1, s2, l1, l2, bad = K.tern_owner_stats(rows, scales, e, out)
         self._raise_nonfinite(bad)
-        s = self._scale_from(m, maxabs, s1, s2)
-        packet, codes = self._new_packet(m, s)
-        K.tern_encode(out, e, self._key(ctx), ctx.offset, s, s, codes, e_out, out)
+        s = self._scale_from(m, maxabs, s1, s2, ctx)
+        unit = self._unit(s, maxabs, l1, l2, ctx)
+        packet, codes = self._new_packet(m, unit)
+        K.tern_encode(out, e, self._key(ctx), ctx.offset, s, s, unit, codes, e_out, out)
         return packet
 
     def _decode_into(self, packet, header, out, add):
@@ -167,6 +201,7 @@ class TernGradCodec(Codec):
         return np.array([self.scale(self._check_input(x))], dtype=np.float32)
 
     def to_summable(self, x, scale, ctx):
+        check_no_feedback(self, ctx)
         x = self._check_input(x)
         shared = scale_array(scale, 1, self.name)[0]
         codes = np.empty(x.size, dtype=np.int8)

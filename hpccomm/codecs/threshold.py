@@ -1,20 +1,43 @@
 """``threshold``: Strom's threshold quantization (Interspeech 2015).
 
-Parameters: at most one of ``tau`` (a fixed threshold, a normal float32) or ``alpha``
-(``tau = alpha * RMS(x)`` of the vector being encoded, RMS summed in float64
-in a fixed order; the value goes into the packet, so decoding needs no
-parameter) -- neither means ``alpha = 2.5`` (about 1.2 % of a Gaussian
-vector's entries pass, ~0.4 bits per element) -- and ``max_ratio`` (default 0.25).
+Parameters: at most one of ``tau`` (a fixed threshold, a normal float32:
+Strom's form) or ``alpha`` (``tau = alpha * RMS(g)`` per call), and
+``max_ratio`` (default 0.25); neither ``tau`` nor ``alpha`` means ``alpha =
+1 / max_ratio`` (4 by default, see *Traffic*).  ``g`` is the *fresh* part
+of the encoded vector (``EncodeContext.fresh``): under error feedback the
+gradient ``g`` of ``v = g + e`` (the memory's
+:meth:`~hpccomm.memory.Memory.fresh`; at an owner of ``twoshot``, the sum it
+received), otherwise the vector itself.  RMS is summed in float64 in a fixed
+order; ``tau`` goes into the packet, so decoding needs no parameter.
 
 Each call emits at most one quantum per element: ``+tau`` at every ``i`` with
-``x_i >= tau``, ``-tau`` where ``x_i <= -tau`` (LBANN's ``>=`` / ``<=``).
-Error feedback (on by default: the codec is biased) keeps ``x_i -+ tau`` in
+``v_i >= tau``, ``-tau`` where ``v_i <= -tau`` (LBANN's ``>=`` / ``<=``).
+Error feedback (on by default: the codec is biased) keeps ``v_i -+ tau`` in
 the residual, so a large element drains one ``tau`` per step -- Strom's rate
-limit.  With ``alpha``, an input whose RMS is 0 (all zeros) emits nothing,
-and so does one whose ``tau`` would overflow float32.
+limit.  With ``alpha``, a fresh part whose RMS is 0 (all zeros) emits
+nothing, and so does one whose ``tau`` would overflow float32.
+
+Why ``g`` and not ``v``: the residual of an element below ``tau`` grows
+until it is sent, and a ``tau`` taken from ``v`` grows with it -- elements
+below ``alpha * RMS(g)`` were then never sent (the time average of a
+repeated Gaussian kept a relative error of 0.96).  From ``g``, ``tau`` stays
+put while the gradient's scale does, as Strom's fixed one: an element with
+``|g_i| < tau`` sends a quantum every ``tau / |g_i|`` steps, its residual
+stays within ``tau + |g_i|``, and the time average of what was sent
+converges to ``g`` as ``1 / t``.
+
+Traffic: in that steady state element ``i`` sends ``|g_i| / tau`` quanta per
+step, so the fraction sent settles near ``mean|g| / tau <= 1 / alpha``
+(``mean|g| <= RMS(g)``): ``0.8 / alpha`` for a Gaussian (0.2, ~6.4 bits per
+element at ``alpha = 4``), less for heavier-tailed gradients.  The default
+``alpha = 1 / max_ratio`` keeps that bound at the capacity below; a smaller
+``alpha`` (or ``tau``) may ask for more than the capacity, and the excess
+then piles up in the residual.  Elements with ``|g_i| > tau`` are held to
+one quantum per step (the rate limit).  The first calls send less: only
+what has reached ``tau``.
 
 Capacity: at most ``cap = min(ceil(max_ratio * n), 2**32 - 1)`` entries per
-packet.  When more elements qualify, the ``cap`` of largest ``|x_i|`` are sent
+packet.  When more elements qualify, the ``cap`` of largest ``|v_i|`` are sent
 (ties to lower indices) and the others simply are not: their whole value stays
 in the residual for the next step.  0.25 is where Strom's 32-bit words stop
 being smaller than a dense 8-bit code (see the summable form).
@@ -53,8 +76,6 @@ from .base import HEADER_SIZE, register_codec
 
 #: bytes before the words: header, tau, padding
 PREFIX = HEADER_SIZE + 8
-#: ``alpha`` when neither ``tau`` nor ``alpha`` is given
-DEFAULT_ALPHA = 2.5
 F32_TINY = float(np.finfo(np.float32).tiny)
 F32_MAX = float(np.finfo(np.float32).max)
 
@@ -73,9 +94,10 @@ class Threshold(SparseCodec):
         super().__init__(nonfinite=nonfinite)
         if tau is not None and alpha is not None:
             raise ValueError("threshold: pass at most one of tau (a fixed threshold) or alpha "
-                             "(tau = alpha * RMS of the input)")
+                             "(tau = alpha * RMS of the fresh gradient)")
+        self.max_ratio = check_fraction("max_ratio", max_ratio)
         if tau is None and alpha is None:
-            alpha = DEFAULT_ALPHA
+            alpha = 1.0 / self.max_ratio
         for what, value in (("tau", tau), ("alpha", alpha)):
             if value is not None and not (np.isfinite(value) and value > 0):
                 raise ValueError(f"threshold: {what} must be finite and > 0, not {value!r}")
@@ -83,7 +105,6 @@ class Threshold(SparseCodec):
             raise ValueError(f"threshold: tau {tau!r} is outside float32's normal range")
         self.tau = None if tau is None else float(tau)
         self.alpha = None if alpha is None else float(alpha)
-        self.max_ratio = check_fraction("max_ratio", max_ratio)
         #: the integer-code form needs one tau on every rank
         self.summable = self.tau is not None
 
@@ -108,21 +129,26 @@ class Threshold(SparseCodec):
         return PREFIX + word_dtype(n).itemsize * m
 
     # -- encode ----------------------------------------------------------------
-    def _threshold(self, x, ss=None) -> np.float32:
-        """``tau``: the fixed one, or ``alpha * RMS(x)`` (``ss``: ``x``'s
-        sum of squares when the caller has it)."""
+    def _threshold(self, x, ctx, ss=None) -> np.float32:
+        """``tau``: the fixed one, or ``alpha * RMS(g)`` of the fresh part
+        ``g`` of ``x`` (``ctx.fresh``; ``x`` itself without it), ``ss`` its
+        sum of squares when the caller has it."""
         if self.tau is not None:
             return np.float32(self.tau)
         if x.size == 0:
             return np.float32(0)
         if ss is None:
-            ss = K.sum_squares(x)
+            g = x if ctx.fresh is None else ctx.fresh.reshape(-1)
+            if g.size != x.size:
+                raise ValueError(f"threshold: the fresh part has {g.size} elements, the "
+                                 f"input {x.size}")
+            ss = K.sum_squares(g)
         tau = self.alpha * math.sqrt(ss / x.size)
         return np.float32(tau) if tau <= F32_MAX else np.float32(np.inf)
 
-    def _select(self, x, ss=None):
+    def _select(self, x, ctx, ss=None):
         """``(tau, idx, vals)``: the elements that send a quantum, capped."""
-        tau = self._threshold(x, ss)
+        tau = self._threshold(x, ctx, ss)
         idt = index_dtype(x.size)
         if not (0 < tau < np.inf):  # alpha: all zeros, or beyond float32
             return tau, np.empty(0, idt), np.empty(0, np.float32)
@@ -131,7 +157,7 @@ class Threshold(SparseCodec):
         return tau, idx, vals
 
     def _pairs(self, x, ctx):
-        tau, idx, vals = self._select(x)
+        tau, idx, vals = self._select(x, ctx)
         return idx, np.where(vals > 0, tau, -tau).astype(np.float32)
 
     def _packet(self, n, tau, idx, vals):
@@ -142,19 +168,20 @@ class Threshold(SparseCodec):
         return packet
 
     def _encode(self, x, ctx):
-        return self._packet(x.size, *self._select(x))
+        return self._packet(x.size, *self._select(x, ctx))
 
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out
         = v - decode(packet)`` without a dense decode: ``v`` is formed in
-        ``e_out`` (with its sum of squares, block by block, for ``alpha``:
-        :func:`~hpccomm.kernels.sparsify.compensate`), selected from there,
-        and corrected at the sent entries only (``-+ tau``; ``v - 0.0 == v``
-        elsewhere) -- the bits of encode, decode and subtract."""
+        ``e_out`` (with the sum of squares of the fresh ``x``, block by block,
+        for ``alpha``: :func:`~hpccomm.kernels.sparsify.compensate`), selected
+        from there, and corrected at the sent entries only (``-+ tau``; ``v -
+        0.0 == v`` elsewhere) -- the bits of encode, decode and subtract with
+        ``ctx.fresh = x``."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         bad, ss = K.compensate(x, e, e_out, squares=self.tau is None)
         self._raise_nonfinite(bad)
-        tau, idx, vals = self._select(e_out, ss if self.tau is None else None)
+        tau, idx, vals = self._select(e_out, ctx, ss if self.tau is None else None)
         packet = self._packet(e_out.size, tau, idx, vals)
         K.subtract_sign_quanta(e_out, idx, vals, tau)
         return packet

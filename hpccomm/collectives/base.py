@@ -77,8 +77,10 @@ class ReduceContext:
         return self.net.call
 
     def encode_context(self, rank: int, offset: int = 0) -> EncodeContext:
+        """The context of an encode as ``rank`` at ``offset``; ``feedback``
+        when the call keeps a memory (the worker's, and then the owner's)."""
         return EncodeContext(seed=self.seed, rank=rank, step=self.step, offset=offset,
-                             shape=self.shape)
+                             shape=self.shape, feedback=self.memory.enabled)
 
 
 def chunk_bounds(n: int, parts: int, align: int = 1) -> np.ndarray:
@@ -126,8 +128,10 @@ class Contribution:
         if self._fused:
             self._e, self._e_out = memory.fused_buffers(state, "worker", x.size)
             self._v = None
+            self._fresh = None
         else:
             self._v = memory.compensate(state, "worker", x)
+            self._fresh = memory.fresh(state, "worker", x) if memory.enabled else None
         #: ``v`` is the input the reducer found finite: codecs skip their scan
         self._finite = finite and self._v is x
         self._pending = []          # (lo, hi, packet) not yet settled
@@ -141,14 +145,24 @@ class Contribution:
             raise RuntimeError("fused error feedback: the compensated vector is never formed")
         return self._v
 
-    def encode(self, lo: int, hi: int, ectx: EncodeContext) -> np.ndarray:
-        """The packet of ``v[lo:hi]``."""
-        if self._fused:
-            e = None if self._e is None else self._e[lo:hi]
-            return self.codec.encode_with_feedback(self.x[lo:hi], e, self._e_out[lo:hi], ectx)
+    def context(self, ectx: EncodeContext, lo: int = 0,
+                hi: Optional[int] = None) -> EncodeContext:
+        """``ectx`` for an encode of ``v[lo:hi]`` (the reference path): with
+        ``fresh``, the memory's fresh part of it (:meth:`Memory.fresh
+        <hpccomm.memory.Memory.fresh>`), and ``finite`` when ``v`` is the
+        input the reducer found finite."""
+        if self._fresh is not None:
+            ectx = replace(ectx, fresh=self._fresh[lo:hi])
         if self._finite:
             ectx = replace(ectx, finite=True)
-        packet = self.codec.encode(self._v[lo:hi], ectx)
+        return ectx
+
+    def encode(self, lo: int, hi: int, ectx: EncodeContext) -> np.ndarray:
+        """The packet of ``v[lo:hi]``."""
+        if self._fused:     # the fresh part is x itself
+            e = None if self._e is None else self._e[lo:hi]
+            return self.codec.encode_with_feedback(self.x[lo:hi], e, self._e_out[lo:hi], ectx)
+        packet = self.codec.encode(self._v[lo:hi], self.context(ectx, lo, hi))
         if self.memory.enabled:
             self._pending.append((lo, hi, packet))
         return packet
@@ -266,6 +280,10 @@ class Algorithm:
 
     def check_codec(self, codec: Codec) -> None:
         """Raise ValueError if this algorithm cannot carry ``codec``."""
+
+    def check_memory(self, memory: Memory) -> None:
+        """Raise ValueError if this algorithm cannot carry the codec with
+        ``memory`` (the reducer asks once it has chosen the memory)."""
 
     def params(self) -> Dict[str, object]:
         return {}

@@ -203,9 +203,12 @@ class Hierarchical(Algorithm):
                 raise ValueError(f"hierarchical: nodes lists {len(nodes)} ranks, the "
                                  f"communicator has {self.size}")
         self.nodes_option = nodes
-        self.outer_cls(comm, codec)        # refuses a codec the outer algorithm cannot carry
+        self._probe = self.outer_cls(comm, codec)   # refuses a codec the outer cannot carry
         self._layout: Optional[_Layout] = None
         self._outer: Dict[int, Algorithm] = {}
+
+    def check_memory(self, memory):
+        self._probe.check_memory(memory)
 
     def params(self):
         return {"outer": self.outer, "nodes": "shared" if self.nodes_option is None

@@ -11,7 +11,9 @@ QSGD with MAX-shared bucket scales, random-k with shared indices):
 3. ``t = SUM-allreduce(c)`` in ``codec.summable_dtype(P)``: int8 while
    ``P * max|code| <= 127``, wider beyond, so the sum cannot overflow;
 4. ``out = codec.from_summable(t, s)``; error feedback (the template's)
-   keeps ``e = v - from_summable(c, s)``.
+   keeps ``e = v - from_summable(c, s)``.  The unbiased quantizers (qsgd,
+   terngrad) have no contractive summable form: with error feedback they
+   are refused (ValueError on every rank); randk sends its values unscaled.
 
 Integer sums are exact and order-free, so every rank gets the same bits.
 Bytes per rank ``~ 2 (P-1)/P * |c|`` plus the scales (modelled: MPI's internal traffic).
@@ -30,6 +32,14 @@ class SummableAllreduce(Algorithm):
             raise ValueError(f"algorithm 'summable' needs a summable codec; {codec.name!r} is not "
                              "(try 'twoshot' or 'allgather')")
 
+    def check_memory(self, memory):
+        if memory.enabled and not self.codec.summable_feedback:
+            raise ValueError(f"algorithm 'summable' cannot carry error feedback with codec "
+                             f"{self.codec.name!r}: its codes share one scale across ranks and "
+                             f"cannot be contracted per rank, and unbiased codes make the "
+                             f"residual grow (use 'twoshot' or 'allgather', or "
+                             f"error_feedback=False)")
+
     def exchange(self, work, out, state, ctx):
         codec, P, net, call = self.codec, self.size, ctx.net, ctx.call
         v = work.v
@@ -39,7 +49,7 @@ class SummableAllreduce(Algorithm):
             scale = np.ascontiguousarray(scale, dtype=np.float32)
             net.allreduce(scale, op="max")
         with call.time("encode"):
-            codes = codec.to_summable(v, scale, ctx.encode_context(self.rank))
+            codes = codec.to_summable(v, scale, work.context(ctx.encode_context(self.rank)))
             total = codes.astype(codec.summable_dtype(P), copy=True)
         if P > 1:
             net.allreduce(total)

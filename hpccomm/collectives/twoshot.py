@@ -45,6 +45,7 @@ every rank has checked its input, and the pipeline sends before the encode
 is done).
 """
 
+from dataclasses import replace
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -177,8 +178,11 @@ class TwoShot(Algorithm):
             for src in range(P):  # rank order: the same sum on every owner
                 codec.decode_add(received[src], acc)
         w = owner.compensate(state, "owner", acc)
+        octx = ctx.encode_context(P + r, lo)
+        if owner.enabled:   # the owner's fresh part: the sum it received
+            octx = replace(octx, fresh=acc)
         with call.time("encode"):
-            owner_packet = codec.reencode(w, ctx.encode_context(P + r, lo))
+            owner_packet = codec.reencode(w, octx)
         gathered = net.allgatherv(owner_packet, fixed)
         with call.time("decode"):
             for j in range(P):

@@ -855,6 +855,7 @@ def _tern_moment_rows(x, e, lo, rows, lanes, x0, mx, acc):
         a_max = mx[k]
         s1 = acc[k]
         s2 = acc[LANES + k]
+        l1 = acc[2 * LANES + k]
         for r in range(rows):
             v = _v(x, e, base + np.uint64(r * LANES + k))
             a = abs(v)
@@ -862,17 +863,19 @@ def _tern_moment_rows(x, e, lo, rows, lanes, x0, mx, acc):
             d = np.float64(v) - x0
             s1 += d
             s2 += d * d
+            l1 += np.float64(a)
         mx[k] = a_max
         acc[k] = s1
         acc[LANES + k] = s2
+        acc[2 * LANES + k] = l1
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _tern_moments(x, e, lo, hi, x0, mx, acc):
     """Add ``v = x + e`` (``x`` for ``e=None``) over ``[lo, hi)`` (``lo`` a
     multiple of :data:`LANES`) to the lanes of ``max |v|`` (``mx``, float32)
-    and of ``v - x0`` and ``(v - x0)**2`` (``acc``, float64), each lane in
-    index order; :data:`ROWS` rows at a time so that the lane loop
+    and of ``v - x0``, ``(v - x0)**2`` and ``|v|`` (``acc``, float64), each
+    lane in index order; :data:`ROWS` rows at a time so that the lane loop
     vectorizes."""
     full, body = _row_split(hi - lo)
     g = ROWS * LANES
@@ -895,25 +898,43 @@ def _count_nonfinite(x, e, lo, hi):
     return bad
 
 
-@njit(cache=True, nogil=True)
-def tern_stats(x, e=None):
-    """``(max|v|, S1, S2, bad)`` of ``v = x + e`` (``v = x`` for ``e=None``):
-    ``S1 = sum(v - v[0])`` and ``S2 = sum((v - v[0])**2)`` in float64 lanes
-    (shifted sums: exactly zero variance for constant input) and ``bad``, the
-    number of non-finite ``v``.  A NaN anywhere makes ``S1`` NaN; ``max|v|``
-    ignores NaN.  One streaming pass over ``x`` and ``e`` (and a count only
-    when ``S1`` or ``S2`` is not finite: float32 values cannot overflow the
-    float64 sums, so they are finite exactly when every ``v`` is)."""
-    n = x.size
-    if n == 0:
-        return np.float32(0.0), 0.0, 0.0, 0
-    mx = np.zeros(LANES, dtype=np.float32)
-    acc = np.zeros(2 * LANES)
-    _tern_moments(x, e, 0, n, np.float64(_v(x, e, _U0)), mx, acc)
+@njit(cache=True, nogil=True, inline="always")
+def _tern_totals(n, x0, mx, acc):
+    """``(max|v|, S1, S2, L1, L2)`` from the lanes of :func:`_tern_moments`:
+    ``L2 = sum(v**2) = S2 + x0 (2 S1 + n x0)``, at least ``max|v|**2``
+    (which it is in exact arithmetic; the floor keeps rounding from taking
+    it below)."""
     s1 = _lane_total(acc, 0)
     s2 = _lane_total(acc, LANES)
+    l1 = _lane_total(acc, 2 * LANES)
+    top = mx.max()
+    l2 = s2 + x0 * (2.0 * s1 + n * x0)
+    floor = np.float64(top) * np.float64(top)
+    return top, s1, s2, l1, (l2 if l2 > floor else floor)
+
+
+@njit(cache=True, nogil=True)
+def tern_stats(x, e=None):
+    """``(max|v|, S1, S2, L1, L2, bad)`` of ``v = x + e`` (``v = x`` for
+    ``e=None``): ``S1 = sum(v - v[0])`` and ``S2 = sum((v - v[0])**2)`` in
+    float64 lanes (shifted sums: exactly zero variance for constant input),
+    ``L1 = sum|v|`` in the same lanes and ``L2 = sum(v**2)`` from them
+    (:func:`_tern_totals`; error feedback's contraction factor uses both),
+    and ``bad``, the number of non-finite ``v``.  A NaN anywhere makes ``S1``
+    NaN; ``max|v|`` ignores NaN.  One streaming pass over ``x`` and ``e``
+    (and a count only when ``S1`` or ``S2`` is not finite: float32 values
+    cannot overflow the float64 sums, so they are finite exactly when every
+    ``v`` is)."""
+    n = x.size
+    if n == 0:
+        return np.float32(0.0), 0.0, 0.0, 0.0, 0.0, 0
+    mx = np.zeros(LANES, dtype=np.float32)
+    acc = np.zeros(3 * LANES)
+    x0 = np.float64(_v(x, e, _U0))
+    _tern_moments(x, e, 0, n, x0, mx, acc)
+    top, s1, s2, l1, l2 = _tern_totals(n, x0, mx, acc)
     bad = 0 if np.isfinite(s1) and np.isfinite(s2) else _count_nonfinite(x, e, 0, n)
-    return mx.max(), s1, s2, bad
+    return top, s1, s2, l1, l2, bad
 
 
 @njit(cache=True, nogil=True)
@@ -925,10 +946,10 @@ def tern_owner_stats(rcodes, rscales, e, out):
     at a time."""
     n = out.size
     if n == 0:
-        return np.float32(0.0), 0.0, 0.0, 0
+        return np.float32(0.0), 0.0, 0.0, 0.0, 0.0, 0
     codes = np.empty(BLOCK, dtype=np.int8)
     mx = np.zeros(LANES, dtype=np.float32)
-    acc = np.zeros(2 * LANES)
+    acc = np.zeros(3 * LANES)
     x0 = 0.0
     for blo in range(0, n, BLOCK):
         bhi = min(blo + BLOCK, n)
@@ -936,10 +957,9 @@ def tern_owner_stats(rcodes, rscales, e, out):
         if blo == 0:
             x0 = np.float64(_v(out, e, _U0))
         _tern_moments(out, e, blo, bhi, x0, mx, acc)
-    s1 = _lane_total(acc, 0)
-    s2 = _lane_total(acc, LANES)
+    top, s1, s2, l1, l2 = _tern_totals(n, x0, mx, acc)
     bad = 0 if np.isfinite(s1) and np.isfinite(s2) else _count_nonfinite(out, e, 0, n)
-    return mx.max(), s1, s2, bad
+    return top, s1, s2, l1, l2, bad
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -952,12 +972,13 @@ def _tern_code(v, u, scale, clip):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _tern_block(x, e, e_out, lo, hi, key, scale, clip, codes):
+def _tern_block(x, e, e_out, lo, hi, key, scale, clip, unit, codes):
     """``codes[i - lo]`` for ``i`` in ``[lo, hi)``: the ternary code (see
     :func:`tern_codes`) of ``v = x[i] + e[i]`` (``x[i]`` for ``e=None``) drawn
-    with ``uniform01(key, i)``; with ``e_out``, ``e_out[i] = v - t * scale``
-    in float32 -- exactly ``v - float32(t * float64(scale))``, the decoded
-    value for ``t`` in {-1, 0, 1}.  One branch-free loop that streams its
+    with ``uniform01(key, i)``; with ``e_out``, ``e_out[i] = v - t * unit``
+    in float32 -- exactly ``v - float32(t * float64(unit))``, the decoded
+    value for ``t`` in {-1, 0, 1} when the packet's scale is ``unit``
+    (``scale``, or error feedback's contracted one).  One branch-free loop that streams its
     operands: the hash in 64-bit lanes (the counter advanced by addition),
     the rest in float32 lanes."""
     base = np.uint64(lo)
@@ -970,7 +991,7 @@ def _tern_block(x, e, e_out, lo, hi, key, scale, clip, codes):
         t = _tern_code(v, u, scale, clip)
         codes[k] = np.int32(t)
         if e_out is not None:
-            e_out[i] = v - t * scale
+            e_out[i] = v - t * unit
 
 
 @njit(cache=True, nogil=True)
@@ -979,28 +1000,30 @@ def tern_codes(x, key, offset, scale, clip, codes):
     dtype): ``sign(x_i)`` if ``u_i * scale < min(|x_i|, clip)`` else 0, in
     float32 arithmetic."""
     _tern_block(x, None, None, 0, x.size, key + np.uint64(offset) * U64_GOLDEN, scale, clip,
-                codes)
+                scale, codes)
 
 
 @njit(cache=True, nogil=True)
-def tern_encode(x, e, key, offset, scale, clip, packed, e_out=None, decoded=None):
+def tern_encode(x, e, key, offset, scale, clip, unit, packed, e_out=None, decoded=None):
     """The codes of :func:`tern_codes` for ``v = x + e`` (``v = x`` for
-    ``e=None``), 2-bit packed into ``packed`` (``ceil(n / 4)`` bytes); with
-    ``e_out``, ``e_out = v - decode``; with ``decoded``, ``decoded = decode``
-    (it may be ``x`` itself: each block is read before it is written).  A
-    block of :data:`BLOCK` at a time: codes and residual in one streaming
-    loop (:func:`_tern_block`), the decoded values, the pack."""
+    ``e=None``), 2-bit packed into ``packed`` (``ceil(n / 4)`` bytes), for a
+    packet whose scale is ``unit`` (float32; ``scale`` itself unless error
+    feedback contracts it); with ``e_out``, ``e_out = v - decode``; with
+    ``decoded``, ``decoded = decode`` (it may be ``x`` itself: each block is
+    read before it is written).  A block of :data:`BLOCK` at a time: codes
+    and residual in one streaming loop (:func:`_tern_block`), the decoded
+    values, the pack."""
     n = x.size
     codes = np.empty(BLOCK, dtype=np.int8)
     key = key + np.uint64(offset) * U64_GOLDEN
     for blo in range(0, n, BLOCK):
         bhi = min(blo + BLOCK, n)
         m = bhi - blo
-        _tern_block(x, e, e_out, blo, bhi, key, scale, clip, codes)
+        _tern_block(x, e, e_out, blo, bhi, key, scale, clip, unit, codes)
         if decoded is not None:
             db = decoded[blo:bhi]
             for k in range(m):
-                db[k] = np.float32(codes[k]) * scale
+                db[k] = np.float32(codes[k]) * unit
         _pack_block(codes, m, 2, packed, blo >> 2)
 
 
@@ -1008,7 +1031,7 @@ def tern_encode(x, e, key, offset, scale, clip, packed, e_out=None, decoded=None
 def tern_pack(x, key, offset, scale, clip, packed):
     """The codes of :func:`tern_codes`, 2-bit packed into ``packed``
     (``ceil(n / 4)`` bytes)."""
-    tern_encode(x, None, key, offset, scale, clip, packed)
+    tern_encode(x, None, key, offset, scale, clip, scale, packed)
 
 
 # ---------------------------------------------------------------------------
@@ -1081,6 +1104,38 @@ def _bucket_scale(x, e, lo, hi, use_max, acc):
     return np.float32(r), bad
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _norm_rows(x, e, lo, rows, lanes, acc):
+    base = np.uint64(lo)
+    for k in range(lanes):
+        a1 = acc[k]
+        a2 = acc[LANES + k]
+        for r in range(rows):
+            w = np.float64(_v(x, e, base + np.uint64(r * LANES + k)))
+            a1 += abs(w)
+            a2 += w * w
+        acc[k] = a1
+        acc[LANES + k] = a2
+
+
+@njit(cache=True, nogil=True)
+def _bucket_norms(x, e, lo, hi, acc):
+    """``(sum|v|, sum(v**2))`` over the bucket ``[lo, hi)`` of ``v = x + e``
+    (``x`` for ``e=None``) in float64 lanes, as :func:`_bucket_scale` sums
+    (``acc``: 2 LANES float64 scratch).  Error feedback's contraction takes
+    them right after the scale: the bucket is read from cache."""
+    full, body = _row_split(hi - lo)
+    g = ROWS * LANES
+    for k in range(2 * LANES):
+        acc[k] = 0.0
+    for r0 in range(0, full, g):
+        _norm_rows(x, e, lo + r0, ROWS, LANES, acc)
+    _norm_rows(x, e, lo + full, (body - full) // LANES, LANES, acc)
+    _norm_rows(x, e, lo + body, 1, hi - lo - body, acc)
+    l1 = _lane_total(acc, 0)
+    return l1, _lane_total(acc, LANES)
+
+
 @njit(cache=True, nogil=True)
 def bucket_scales(x, bucket, use_max, scales):
     """Per-bucket scales of ``x`` (see :func:`_bucket_scale`)."""
@@ -1151,7 +1206,8 @@ def qsgd_codes(x, key, offset, ratio, levels, codes):
 
 @njit(cache=True, nogil=True)
 def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
-                 bucket, bits, levels, use_max, key, offset, scales, packed):
+                 bucket, bits, levels, use_max, key, offset, scales, packed, contract, omega,
+                 omega_last):
     """The one QSGD encoder (see :func:`qsgd_encode`,
     :func:`qsgd_encode_feedback` and :func:`qsgd_owner_step`) of ``v = x + e``
     (``x`` for ``e=None``).
@@ -1166,9 +1222,16 @@ def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
     ``decoded = decode`` (those given) -- a second look at ``x`` and ``e``
     that hits cache unless buckets are larger than the cache.  The lookahead
     keeps the scale's latency (lane sums, square root, division) off the code
-    loop's path.  Returns the number of non-finite ``v``."""
+    loop's path.  Codes are drawn against the bucket's scale ``S``; with
+    ``contract`` (error feedback) the packet stores ``float32(S / (1 +
+    w))``, which is what decodes and what the residual subtracts, where ``w``
+    is the smaller of ``omega`` (``omega_last`` for the last bucket) and
+    ``S sum|v| / (L sum(v**2))`` over the bucket (:func:`_bucket_norms`, taken
+    with the scale; a finite, positive ``S`` only).  Returns the number of
+    non-finite ``v``."""
     n = x.size
     acc = np.zeros(2 * LANES)
+    ahead = np.ones(2)  # the contraction factors of buckets j and j + 1
     codes = np.empty(BLOCK, dtype=np.int8)
     tmp = np.empty(BLOCK, dtype=np.int8)
     key = key + np.uint64(offset) * U64_GOLDEN
@@ -1197,9 +1260,19 @@ def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
                     scale, b = _bucket_scale(x, e, lo, hi, use_max, acc)
                     scales[known] = scale
                     bad += b
+                    if contract:
+                        w = omega_last if known == nb - 1 else omega
+                        if scale > 0 and scale < np.inf:
+                            l1, l2 = _bucket_norms(x, e, lo, hi, acc)
+                            if l2 > 0:
+                                wb = np.float64(scale) * l1 / (levels * l2)
+                                w = wb if wb < w else w
+                        ahead[known & 1] = 1.0 / (1.0 + w)
                     known += 1
                 bucket_end = min(i + bucket, n)
                 ratio = _ratio(scales[j], levels)
+                if contract:
+                    scales[j] = np.float32(np.float64(scales[j]) * ahead[j & 1])
                 unit = np.float64(scales[j]) / levels
                 j += 1
             seg = min(bucket_end, bhi)
@@ -1213,28 +1286,33 @@ def _qsgd_encode(x, e, e_out, decoded, rcodes, rscales, rbits, rbucket, rlevels,
 
 
 @njit(cache=True, nogil=True)
-def qsgd_encode(x, bucket, bits, levels, use_max, key, offset, scales, packed):
+def qsgd_encode(x, bucket, bits, levels, use_max, key, offset, scales, packed, contract=False,
+                omega=0.0, omega_last=0.0):
     """QSGD of ``x``: per bucket its scale into ``scales[j]`` (see
-    :func:`_bucket_scale`), then its stochastically rounded codes,
+    :func:`_bucket_scale`; contracted with ``contract``, see
+    :func:`_qsgd_encode`), then its stochastically rounded codes,
     ``bits``-bit packed into ``packed`` (``ceil(n bits / 8)`` bytes)."""
     _qsgd_encode(x, None, None, None, None, None, 0, 1, 1,
-                 bucket, bits, levels, use_max, key, offset, scales, packed)
+                 bucket, bits, levels, use_max, key, offset, scales, packed, contract, omega,
+                 omega_last)
 
 
 @njit(cache=True, nogil=True)
 def qsgd_encode_feedback(x, e, bucket, bits, levels, use_max, key, offset, scales, packed,
-                         e_out):
+                         e_out, contract=False, omega=0.0, omega_last=0.0):
     """:func:`qsgd_encode` of ``v = x + e`` (``v = x`` for ``e=None``) and
     ``e_out = v - decode(packet)``, in one pass over ``x`` and ``e`` (each
     bucket read twice, the second time from cache) -- the bits of encode,
     decode and subtract.  Returns the number of non-finite ``v``."""
     return _qsgd_encode(x, e, e_out, None, None, None, 0, 1, 1,
-                        bucket, bits, levels, use_max, key, offset, scales, packed)
+                        bucket, bits, levels, use_max, key, offset, scales, packed, contract,
+                        omega, omega_last)
 
 
 @njit(cache=True, nogil=True)
 def qsgd_owner_step(rcodes, rscales, rbits, rbucket, rlevels, e, e_out, out,
-                    bucket, bits, levels, use_max, key, offset, scales, packed):
+                    bucket, bits, levels, use_max, key, offset, scales, packed, contract=False,
+                    omega=0.0, omega_last=0.0):
     """The owner stage of ``twoshot`` in one pass: ``acc = 0 +
     decode(packet 0) + decode(packet 1) + ...`` in packet order (rows of
     ``rcodes`` / ``rscales``: the received packets' codes and scales, all with
@@ -1244,7 +1322,8 @@ def qsgd_owner_step(rcodes, rscales, rbits, rbucket, rlevels, e, e_out, out,
     and ``out = decode(packet)``.  The bits of decode-add, compensate,
     re-encode, decode and subtract.  Returns the number of non-finite ``w``."""
     return _qsgd_encode(out, e, e_out, out, rcodes, rscales, rbits, rbucket, rlevels,
-                        bucket, bits, levels, use_max, key, offset, scales, packed)
+                        bucket, bits, levels, use_max, key, offset, scales, packed, contract,
+                        omega, omega_last)
 
 
 @njit(cache=True, nogil=True)

@@ -283,17 +283,19 @@ def _compensate_blocks(x, e, has_e, squares, v):
         lo = b * BLOCK
         hi = min(lo + BLOCK, n)
         vb = v[lo:hi]
-        flags[b] = _compensate(x[lo:hi], e[lo:hi], has_e, vb)
+        xb = x[lo:hi]
+        flags[b] = _compensate(xb, e[lo:hi], has_e, vb)
         if squares:
-            parts[b] = _sum_squares_of(vb)
+            parts[b] = _sum_squares_of(xb)
     return flags, parts
 
 
 def compensate(x, e, v, squares):
     """``v = x + e`` (``v = x`` for ``e=None``), block by block; returns
     ``(bad, ss)``: the number of non-finite ``v`` and, with ``squares``,
-    ``sum_squares(v)`` -- the same bits, each block's sum taken while the
-    block is in cache (0.0 without ``squares``)."""
+    ``sum_squares(x)`` of the fresh input (not of ``v``: threshold's
+    ``alpha`` scales with it) -- the same bits, each block's sum taken while
+    the block is in cache (0.0 without ``squares``)."""
     with threads_for(x.size):
         flags, parts = _compensate_blocks(x, x if e is None else e, e is not None, squares, v)
     bad = count_nonfinite(v) if flags.any() else 0

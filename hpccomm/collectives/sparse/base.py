@@ -282,7 +282,8 @@ class SparseAlgorithm(Algorithm):
     def exchange(self, work, out, state, ctx):
         call = ctx.call
         with call.time("encode"):
-            idx, vals = sparsify(self.codec, work.v, ctx.encode_context(self.rank))
+            ectx = work.context(ctx.encode_context(self.rank))
+            idx, vals = sparsify(self.codec, work.v, ectx)
         call.extra["nnz"] = int(idx.size)
         self.reduce_sparse(idx, vals, work.x.size, state, ctx.net, out)
         work.sent_pairs(idx, vals)
