@@ -250,3 +250,12 @@ def test_error_feedback_in_the_stateless_allreduce_is_refused_everywhere():
 def test_sparse_algorithms_refuse_dense_codecs(codec, algorithm):
     expect_everywhere(lambda: hpccomm.allreduce(rank_data(10), codec=codec, algorithm=algorithm),
                       ValueError, f"algorithm {algorithm!r} sends (index, value) pairs")
+
+
+def test_threshold_on_summable_without_tau_names_tau():
+    expect_everywhere(lambda: hpccomm.allreduce(rank_data(10), codec="threshold",
+                                                algorithm="summable"),
+                      ValueError, "'threshold' is not here: it is summable only with a fixed tau=")
+    got = hpccomm.allreduce(np.full(10, 2.0, np.float32), codec="threshold", tau=1.0,
+                            algorithm="summable")
+    np.testing.assert_array_equal(got, np.full(10, SIZE, np.float32))   # one quantum each

@@ -117,6 +117,9 @@ class Codec:
     stochastic: ClassVar[bool] = False
     #: packets can be summed code-by-code when the scale is shared
     summable: ClassVar[bool] = False
+    #: what makes a codec that can be summable so, named when it is not
+    #: (e.g. threshold's fixed ``tau=``)
+    summable_when: ClassVar[str] = ""
     #: packet size depends only on n (so counts need not be exchanged)
     fixed_size: ClassVar[bool] = True
     #: biased estimator that needs error feedback to converge

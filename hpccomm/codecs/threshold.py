@@ -87,6 +87,7 @@ def word_dtype(n: int) -> np.dtype:
 @register_codec
 class Threshold(SparseCodec):
     name = "threshold"
+    summable_when = "summable only with a fixed tau= (alpha= takes tau from each rank's data)"
     codec_id = 6
 
     def __init__(self, tau: Optional[float] = None, alpha: Optional[float] = None,

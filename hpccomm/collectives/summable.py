@@ -29,8 +29,9 @@ class SummableAllreduce(Algorithm):
 
     def check_codec(self, codec):
         if not codec.summable:
-            raise ValueError(f"algorithm 'summable' needs a summable codec; {codec.name!r} is not "
-                             "(try 'twoshot' or 'allgather')")
+            when = f" here: it is {codec.summable_when};" if codec.summable_when else ""
+            raise ValueError(f"algorithm 'summable' needs a summable codec; {codec.name!r} is not"
+                             f"{when} or try 'twoshot' or 'allgather'")
 
     def check_memory(self, memory):
         if memory.enabled and not self.codec.summable_feedback:
