@@ -37,7 +37,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from .codecs.base import Codec, EncodeContext
-from .collectives.base import chunk_bounds
+from .collectives.base import ALGORITHMS, chunk_bounds
 
 #: the pipelines this module knows, by algorithm name; a subclass of one of
 #: these algorithms is held to its pipeline (:func:`pipeline_of`)
@@ -50,11 +50,13 @@ _EPS32 = float(np.finfo(np.float32).eps)
 
 
 def pipeline_of(algorithm) -> Optional[str]:
-    """The pipeline an algorithm (a name, class or instance) is held to: its
-    own name when this module knows it, else that of the nearest base class
-    it knows; None for an algorithm with no known pipeline."""
+    """The pipeline an algorithm (a registered name, class or instance) is
+    held to: its own name when this module knows it, else that of the nearest
+    base class it knows; None for an algorithm with no known pipeline."""
     if isinstance(algorithm, str):
-        return algorithm if algorithm in PIPELINES else None
+        if algorithm in PIPELINES or algorithm not in ALGORITHMS:
+            return algorithm if algorithm in PIPELINES else None
+        algorithm = ALGORITHMS.get(algorithm)
     cls = algorithm if isinstance(algorithm, type) else type(algorithm)
     for base in cls.__mro__:
         name = base.__dict__.get("name")

@@ -72,7 +72,9 @@ def pipeline_failures(codec, algorithm, n, shape=None, steps=1, error_feedback=F
     failures = [f"call {t + 1}: ranks disagree" for t, r in enumerate(results)
                 if not same_on_all_ranks(r)]
     pipe = reference.Pipeline(codec, algorithm, SIZE, shape, seed=SEED,
-                              error_feedback=reducer.memory.enabled)
+                              error_feedback=reducer.memory.enabled,
+                              choice=reducer.stats.last.extra.get("auto"),
+                              **{k: options[k] for k in ("nodes", "outer") if k in options})
     for t, (inputs, res) in enumerate(zip(xs, results)):
         msg = reference.compare(res, pipe(inputs))
         if msg:
