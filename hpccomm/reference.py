@@ -25,7 +25,9 @@ How closely a result must match (:func:`compare`):
 
 The reference checks the pipeline, not the codec: a codec that decodes
 wrongly decodes wrongly here too.  :func:`error_band` is the independent
-check of the codec: the range of relative errors its theory allows.
+check of the codec: the range of ``gain = <r, s> / <s, s>`` and ``rel_err =
+|r - s| / |s|`` against the exact sum ``s`` that its theory allows for
+i.i.d. N(0, 1) inputs -- a codec that decodes to zeros has gain 0.
 """
 from __future__ import annotations
 
