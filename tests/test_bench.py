@@ -97,9 +97,74 @@ def test_check_fails_on_a_corrupting_codec(tmp_path):
     rows = {r["codec_name"]: r for r in json.loads(out.read_text())["rows"]
             if r["algorithm_name"] == "twoshot"}
     assert rows["test-corrupt"]["wrong"] == 3 and rows["none"]["wrong"] == 0
+    # the fresh reducer matches its own pipeline, but not the lossless band
+    assert not rows["test-corrupt"]["reference_ok"] and rows["none"]["reference_ok"]
+    assert "rel_err 0.00" in rows["test-corrupt"]["reference_failures"][0]
+    assert "outside the codec's band" in rows["test-corrupt"]["reference_failures"][0]
     clean = subprocess.run(common + ["--codec", "none"], capture_output=True, text=True,
                            timeout=240, env=env)
     assert clean.returncode == 0 and "# check: OK" in clean.stdout
+
+
+ZERO_PLUGIN = '''
+import hpccomm
+from hpccomm.codecs.onebit import OneBitCodec
+from hpccomm.codecs.topk import TopK
+
+
+@hpccomm.register_codec
+class ZeroOneBit(OneBitCodec):
+    """onebit's packets, decoded to zeros: consistent with itself."""
+    name = "test-zero-onebit"
+    codec_id = 241
+    encode_with_feedback = None
+    owner_step = None
+
+    def _decode_into(self, packet, header, out, add):
+        if not add:
+            out[:] = 0
+
+
+@hpccomm.register_codec
+class ZeroTopK(TopK):
+    name = "test-zero-topk"
+    codec_id = 242
+    encode_with_feedback = None
+
+    def _decode_into(self, packet, header, out, add):
+        if not add:
+            out[:] = 0
+
+    def _pairs(self, x, ctx):
+        idx, vals = super()._pairs(x, ctx)
+        return idx, vals * 0
+'''
+
+
+def test_check_fails_on_a_zero_decoder(tmp_path):
+    """A codec that decodes to zeros agrees with its own reference pipeline
+    and stays within the sanity tolerance of every timed iteration: the
+    codec's band (gain 0, rel_err 1) fails it, for every algorithm."""
+    (tmp_path / "zero_plugin.py").write_text(ZERO_PLUGIN)
+    env = {**ENV, "HPCCOMM_PLUGINS": "zero_plugin",
+           "PYTHONPATH": f"{tmp_path}{os.pathsep}{ENV.get('PYTHONPATH', '')}"}
+    out = tmp_path / "r.json"
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "3", PY, "-m", "mpi4py", "-m", "hpccomm.bench", "allreduce", "-m",
+         "64K:64K", "-i", "2", "-x", "1", "--check", "--codec",
+         "onebit,test-zero-onebit,test-zero-topk", "--algorithm",
+         "twoshot,allgather,sparse_allgather", "-J", str(out)],
+        capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    rows = [r for r in json.loads(out.read_text())["rows"] if r["codec_name"] != "-"]
+    zero = {(r["codec_name"], r["algorithm_name"]): r for r in rows
+            if r["codec_name"].startswith("test-zero")}
+    assert len(zero) == 6
+    for r in zero.values():
+        assert r["wrong"] == 0 and r["reference_ok"] is False, r
+        assert r["gain"] == 0.0 and "gain 0 " in r["reference_failures"][0], r
+    assert all(r["reference_ok"] for r in rows if r["codec_name"] in ("none", "onebit"))
+    assert "# check: FAILED: 0 wrong iteration(s), 6 case(s) off" in proc.stdout
 
 
 def test_allreduce_bad_arguments():

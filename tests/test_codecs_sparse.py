@@ -660,24 +660,43 @@ def test_adaptive_one_sign_only_and_constant_columns():
 # ---------------------------------------------------------------------------
 # shared properties
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("case", list(CASES))
-def test_error_feedback_invariant(case):
-    """v = g + e; p = encode(v); e = v - decode(p): what was decoded plus the
-    final residual adds up to what came in."""
-    codec = codec_of(case)
-    n = 2000
-    e = np.zeros(n, dtype=np.float32)
+def feedback_invariant_error(codec, memory, fuse, n=2000, steps=6):
+    """Six calls of the library's worker-side error feedback
+    (:class:`~hpccomm.collectives.base.Contribution` with ``memory``: ``v = g
+    + e``, encode, ``e = v - decode``; fused into the codec's
+    ``encode_with_feedback`` with ``fuse``): what was decoded plus the final
+    residual must add up to what came in.  Returns the largest deviation over
+    the allowed rounding (> 0: the invariant fails)."""
+    from hpccomm.collectives.base import Contribution
+    from hpccomm.state import KeyState
+    from hpccomm.stats import CallStats
+
+    state, scratch = KeyState(), {}
     sent = np.zeros(n, dtype=np.float64)
     total_in = np.zeros(n, dtype=np.float64)
-    for step in range(6):
+    for step in range(steps):
         g = data(n, 100 + step)
         total_in += g
-        v = g + e
-        d = np.empty(n, dtype=np.float32)
-        codec.decode(codec.encode(v, EncodeContext(seed=1, step=step, shape=(20, 100))), d)
-        e = v - d
+        work = Contribution(codec, memory, state, g,
+                            lambda name, m: scratch.setdefault(name, np.empty(m, np.float32)),
+                            fuse=fuse)
+        packet = work.encode(0, n, EncodeContext(seed=1, step=step, shape=(20, 100)))
+        d = codec.decode(packet, np.empty(n, dtype=np.float32))
+        work.commit(CallStats())
         sent += d
-    np.testing.assert_allclose(sent + e, total_in, rtol=0, atol=1e-4 * (1 + np.abs(total_in).max()))
+    e = state.residuals.get("worker", np.zeros(n, np.float32)).astype(np.float64)
+    tol = 1e-4 * (1 + np.abs(total_in).max())
+    return float(np.max(np.abs(sent + e - total_in)) - tol)
+
+
+@pytest.mark.parametrize("fuse", [False, True])
+@pytest.mark.parametrize("case", list(CASES))
+def test_error_feedback_invariant(case, fuse):
+    """The residual memory through the library's bracket keeps everything
+    that did not go out: sum of decoded + final residual = sum of inputs."""
+    from hpccomm.memory import get_memory
+
+    assert feedback_invariant_error(codec_of(case), get_memory("residual"), fuse) <= 0
 
 
 @pytest.mark.parametrize("case", list(CASES))

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm.collectives.base import chunk_bounds
+from hpccomm import reference
 
 from .helpers import COMM, SIZE, digest, exact_sum, rank_data, same_on_all_ranks
-from .test_collectives_mpi import CODEC_PARAMS, SEED, make_codec, simulate
+from .test_collectives_mpi import CODEC_PARAMS, SEED, make_codec
 
 pytestmark = pytest.mark.mpi
 
@@ -19,27 +19,12 @@ LAYOUTS = {  # node id per rank, per communicator size
 }
 
 
-def simulate_hierarchical(codec, outer, xs, nodes, steps_seed=SEED):
-    """The three steps in one process: node sums in rank order, the outer
-    algorithm per share over the nodes (ordered by lowest rank), the gather."""
-    n = xs[0].size
-    firsts = [min(r for r, h in enumerate(nodes) if h == nodes[q]) for q in range(len(nodes))]
-    order = sorted(set(firsts))
-    members = [[r for r in range(len(nodes)) if firsts[r] == f] for f in order]
-    S = max(len(m) for m in members)
-    b = chunk_bounds(n, S)
-    partial = []
-    for m in members:
-        acc = xs[m[0]].copy()
-        for r in m[1:]:
-            acc += xs[r]
-        partial.append(acc)
-    out = np.empty(n, dtype=np.float32)
-    for s in range(S):
-        share = [p[b[s]:b[s + 1]] for p in partial]
-        out[b[s]:b[s + 1]] = simulate(codec, outer, share, (b[s + 1] - b[s],),
-                                      seed=steps_seed * 1_000_003 + s)
-    return out
+def simulate_hierarchical(codec, outer, xs, nodes, seed=SEED):
+    """The three steps in one process (:mod:`hpccomm.reference`): node sums
+    in rank order, the outer algorithm per share over the nodes (ordered by
+    lowest rank), the gather."""
+    return reference.simulate(codec, "hierarchical", xs, (xs[0].size,), seed=seed,
+                              nodes=nodes, outer=outer)
 
 
 def layouts():

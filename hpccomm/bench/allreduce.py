@@ -22,6 +22,17 @@ state after the timed loop.  The JSON keeps a hash of the last timed
 iteration's result (``result_hash``) and of that fresh call's (``fresh_hash``):
 two runs with the same arguments and seed give bit-identical results exactly
 when these hashes agree.
+
+``--check`` validates every timed iteration (finite, the same bits on every
+rank, within the codec's sanity tolerance of the exact sum), and then the
+fresh reducer against :mod:`hpccomm.reference` (:func:`check_reference`):
+every rank's input is gathered, and its first two calls must equal the
+single-process reference of the same pipeline -- bit for bit where sums run
+in a fixed order, within float reassociation where MPI sums floats (with
+error feedback the second call carries the first's residuals) -- and the
+first call's ``gain`` (``<r, s> / <s, s>``) and ``rel_err`` must lie in the
+band the codec's theory gives for N(0, 1) inputs (:func:`hpccomm.reference.error_band`).
+A codec that decodes to zeros agrees with its own reference but has gain 0.
 """
 from __future__ import annotations
 
@@ -89,8 +100,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", default=None, metavar="FILE", help="write results as CSV")
     p.add_argument("--check", action="store_true",
                    help="validate every timed iteration (finite, identical on all ranks, within "
-                        "the codec's error bound of the exact sum); #wrong counts failed "
-                        "iterations and the exit status is 1 if any failed")
+                        "the codec's sanity tolerance of the exact sum; #wrong counts failed "
+                        "iterations), then a fresh reducer against the single-process reference "
+                        "of its pipeline on the gathered inputs (same bits, or within float "
+                        "reassociation where MPI sums floats) and its first result against the "
+                        "codec's statistical band (column 'ref'); the exit status is 1 if any "
+                        "check failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     return p
 
@@ -166,6 +181,8 @@ def run_raw(comm, x, exact, iters, warmup):
         "segments": 1,
         "rel_err": rel, "max_err": max_err, "error_feedback": False,
         "wrong": None, "check_failures": [], "check_tolerance": None,
+        "reference_ok": None, "reference_failures": [], "reference": None, "band": None,
+        "gain": None,
         "result_hash": digest, "fresh_hash": digest,
     }
 
@@ -198,6 +215,71 @@ def check_result(comm, res: np.ndarray, exact: np.ndarray, tolerance: float) -> 
     if not all(ok for _, ok in flags):
         failed.append(f"relative error above {tolerance:g}")
     return failed
+
+
+def node_ids(comm) -> list:
+    """Every rank's node, as the lowest rank sharing its memory (collective)."""
+    from mpi4py import MPI
+
+    local = comm.Split_type(MPI.COMM_TYPE_SHARED, key=comm.Get_rank())
+    first = local.allreduce(comm.Get_rank(), op=MPI.MIN)
+    local.Free()
+    return comm.allgather(first)
+
+
+def check_reference(comm, reducer, x, exact: np.ndarray, key: str = "accuracy", calls: int = 2):
+    """``--check`` of a fresh ``reducer`` (no call made yet on ``key``) on
+    ``x``: ``calls`` calls, each the same bits on every rank and equal to
+    :class:`hpccomm.reference.Pipeline` run on every rank's gathered input
+    (the later calls with the residuals the first left, when the reducer
+    keeps plain residuals); the first within the codec's band of the exact
+    float64 sum ``exact`` (:func:`hpccomm.reference.error_band`).  Collective.
+    Returns ``(failures, info, first_result)``: the failed conditions (the
+    same list on every rank), and ``info`` with ``reference`` ("bits",
+    "reassociation" or None: no pipeline known), ``band`` (its bounds, or
+    None) and ``gain``."""
+    import zlib
+
+    from .. import reference as R
+
+    P, rank = comm.Get_size(), comm.Get_rank()
+    results = [np.array(to_numpy(reducer(x, key)), dtype=np.float32) for _ in range(calls)]
+    failures = []
+    crcs = comm.allgather([zlib.crc32(np.ascontiguousarray(r).view(np.uint8)) for r in results])
+    for i in range(calls):
+        if len({c[i] for c in crcs}) != 1:
+            failures.append(f"reference call {i + 1}: ranks disagree")
+    alg = reducer.algorithm
+    name = R.pipeline_of(alg)
+    nodes = None
+    if name == "hierarchical":
+        nodes = alg.nodes_option if alg.nodes_option is not None else node_ids(comm)
+    x_host = np.ascontiguousarray(to_numpy(x), dtype=np.float32)
+    xs = comm.gather(x_host.reshape(-1), root=0)
+    info = {"reference": None, "band": None, "gain": None}
+    if rank == 0:
+        shape, n = tuple(x_host.shape), x_host.size
+        opts = {"nodes": nodes, "outer": getattr(alg, "outer", "twoshot"),
+                "choice": reducer.stats.last.extra.get("auto")}
+        if name is not None:
+            memory = reducer.memory.name
+            pipe = R.Pipeline(reducer.codec, alg, P, shape, seed=reducer.seed,
+                              error_feedback=memory == "residual", **opts)
+            for i, res in enumerate(results[:calls if memory in ("none", "residual") else 1]):
+                ref = pipe(xs)
+                info["reference"] = "bits" if ref.exact else "reassociation"
+                msg = R.compare(res, ref)
+                if msg:
+                    failures.append(f"reference call {i + 1}: {msg}")
+        band = R.error_band(reducer.codec, alg, P, n, shape, **opts)
+        info["gain"] = R.band_statistics(results[0], exact)[0]
+        if band is not None:
+            info["band"] = {"gain": list(band.gain), "rel_err": list(band.rel), "why": band.why}
+            msg = R.check_band(results[0], exact, band)
+            if msg:
+                failures.append(msg)
+    failures, info = comm.bcast((failures, info), root=0)
+    return failures, info, results[0]
 
 
 def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed, check=False):
@@ -237,7 +319,11 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
     fresh = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
                                check="first", seed=seed, **options)
     last_hash = result_hash(out)
-    fresh_out = fresh(x, "accuracy")
+    ref_failures, ref_info = [], {"reference": None, "band": None, "gain": None}
+    if check:
+        ref_failures, ref_info, fresh_out = check_reference(comm, fresh, x, exact)
+    else:
+        fresh_out = fresh(x, "accuracy")
     rel, max_err = _errors(to_numpy(fresh_out), exact)
     return {
         "codec": reducer.codec.describe(), "algorithm": reducer.algorithm.describe(),
@@ -250,6 +336,9 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
         "rel_err": rel, "max_err": max_err, "error_feedback": reducer.memory.enabled,
         "wrong": wrong if check else None, "check_failures": sorted(failures),
         "check_tolerance": tolerance,
+        "reference_ok": not ref_failures if check else None,
+        "reference_failures": ref_failures, "reference": ref_info["reference"],
+        "band": ref_info["band"], "gain": ref_info["gain"],
         "result_hash": last_hash, "fresh_hash": result_hash(fresh_out),
     }
 
@@ -322,7 +411,7 @@ def main(argv=None) -> int:
             print(f"# skipped {s}")
         cols = ("size", "count", "codec", "algorithm", "med(us)", "min(us)", "max(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "wire(B)", "ratio", "speedup", "rel_err",
-                "enc%", "comm%", "dec%") + (("#wrong",) if args.check else ())
+                "enc%", "comm%", "dec%") + (("#wrong", "ref") if args.check else ())
         print("#" + "".join(f"{c:>14}" if i not in (2, 3) else f"{c:>12}"
                             for i, c in enumerate(cols))[1:])
         sys.stdout.flush()
@@ -367,13 +456,18 @@ def main(argv=None) -> int:
                       f"{100 * r['t_encode'] / tot:>13.1f} {100 * r['t_comm'] / tot:>13.1f} "
                       f"{100 * r['t_decode'] / tot:>13.1f}"
                       + (f" {r['wrong'] if r['wrong'] is not None else '-':>13}"
-                         if args.check else ""), flush=True)
+                         f" {_ref_cell(r['reference_ok']):>13}" if args.check else ""),
+                      flush=True)
     wrong = sum(r["wrong"] or 0 for r in rows)
+    off = sum(r["reference_ok"] is False for r in rows)
     if rank == 0:
         if args.check:
             bad = [f"{r['size']} {r['codec']}+{r['algorithm']}: {', '.join(r['check_failures'])}"
                    for r in rows if r["wrong"]]
-            print(f"# check: {'FAILED' if wrong else 'OK'}: {wrong} wrong iteration(s)"
+            bad += [f"{r['size']} {r['codec']}+{r['algorithm']}: {failure}"
+                    for r in rows for failure in r["reference_failures"]]
+            print(f"# check: {'FAILED' if wrong or off else 'OK'}: {wrong} wrong iteration(s), "
+                  f"{off} case(s) off the reference or the codec's band"
                   + ("".join(f"\n#   {b}" for b in bad)))
         if args.json:
             with open(args.json, "w", encoding="utf-8") as f:
@@ -386,7 +480,11 @@ def main(argv=None) -> int:
                 w = csv.DictWriter(f, fieldnames=keys)
                 w.writeheader()
                 w.writerows(rows)
-    return 1 if wrong else 0
+    return 1 if wrong or off else 0
+
+
+def _ref_cell(ok) -> str:
+    return "-" if ok is None else "ok" if ok else "FAILED"
 
 
 if __name__ == "__main__":
