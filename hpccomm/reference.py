@@ -104,8 +104,15 @@ def compare(got, ref: Result) -> Optional[str]:
             f"(first at {i}: {got[i]!r}, reference {want[i]!r})")
 
 
-def _context(seed, step, shape):
-    return lambda r, off=0: EncodeContext(seed=seed, rank=r, step=step, offset=off, shape=shape)
+def _context(seed, step, shape, feedback=False):
+    """Encode contexts of one call; under error feedback they carry
+    ``feedback`` and the encode's ``fresh`` part (the worker's input, the
+    owner's received sum), as :class:`~hpccomm.collectives.base.Contribution`
+    and ``twoshot``'s owner give them."""
+    def ctx(r, off=0, fresh=None):
+        return EncodeContext(seed=seed, rank=r, step=step, offset=off, shape=shape,
+                             feedback=feedback, fresh=fresh if feedback else None)
+    return ctx
 
 
 class Pipeline:
@@ -151,7 +158,7 @@ class Pipeline:
         xs = [np.ascontiguousarray(x, dtype=np.float32).reshape(-1) for x in xs]
         if len({x.size for x in xs}) > 1:
             raise ValueError("the ranks' inputs differ in length")
-        ctx = _context(self.seed, self.step, self.shape)
+        ctx = _context(self.seed, self.step, self.shape, self.feedback)
         run = getattr(self, "_" + ("sparse" if self.name in SPARSE else self.name))
         result = run(xs, ctx)
         self.step += 1
@@ -172,14 +179,15 @@ class Pipeline:
         out = np.empty(n, dtype=np.float32)
         if P == 1:      # no communication: the codec's round trip
             v = self._compensate(self.worker, 0, xs[0])
-            codec.decode(codec.encode(v, ctx(0)), out)
+            codec.decode(codec.encode(v, ctx(0, 0, xs[0])), out)
             self._update(self.worker, 0, v, out)
             return Result(out, True, P)
         b = chunk_bounds(n, P, codec.align(self.shape))
         packets = []
         for r in range(P):
             v = self._compensate(self.worker, r, xs[r])
-            own = [codec.encode(v[b[j]:b[j + 1]], ctx(r, b[j])) for j in range(P)]
+            own = [codec.encode(v[b[j]:b[j + 1]], ctx(r, b[j], xs[r][b[j]:b[j + 1]]))
+                   for j in range(P)]
             packets.append(own)
             if self.feedback:
                 decoded = np.empty(n, dtype=np.float32)
@@ -191,7 +199,7 @@ class Pipeline:
             for src in range(P):    # in rank order
                 codec.decode_add(packets[src][j], acc)
             w = self._compensate(self.owner, j, acc)
-            codec.decode(codec.reencode(w, ctx(P + j, b[j])), out[b[j]:b[j + 1]])
+            codec.decode(codec.reencode(w, ctx(P + j, b[j], acc)), out[b[j]:b[j + 1]])
             self._update(self.owner, j, w, out[b[j]:b[j + 1]])
         return Result(out, True, P)
 
@@ -201,7 +209,7 @@ class Pipeline:
         packets = []
         for r in range(P):
             v = self._compensate(self.worker, r, xs[r])
-            packets.append(codec.encode(v, ctx(r)))
+            packets.append(codec.encode(v, ctx(r, 0, xs[r])))
             if self.feedback:
                 self._update(self.worker, r, v, codec.decode(packets[r], np.empty(n, np.float32)))
         if P == 1:
@@ -217,7 +225,7 @@ class Pipeline:
         scales = [codec.shared_scale(v) for v in vs]
         scale = None if scales[0] is None else np.maximum.reduce(
             [np.asarray(s, dtype=np.float32) for s in scales])
-        codes = [codec.to_summable(vs[r], scale, ctx(r)) for r in range(P)]
+        codes = [codec.to_summable(vs[r], scale, ctx(r, 0, xs[r])) for r in range(P)]
         dt = codec.summable_dtype(P)
         total = codes[0].astype(dt, copy=True)
         for c in codes[1:]:
@@ -239,7 +247,7 @@ class Pipeline:
         magnitude = np.zeros(n)
         for r in range(P):
             v = self._compensate(self.worker, r, xs[r])
-            dense = sparse_terms(codec, v, ctx(r))
+            dense = sparse_terms(codec, v, ctx(r, 0, xs[r]))
             out += dense            # rank order; the algorithm's order may differ
             magnitude += np.abs(dense)
             self._update(self.worker, r, v, dense)
