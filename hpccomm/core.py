@@ -178,7 +178,7 @@ class Allreducer:
 
     def close(self) -> None:
         """Release buffers and state.  The private communicator is shared
-        and freed at interpreter exit."""
+        by everything built on the user's communicator and freed with it."""
         requests.drain()
         self._states.clear()
         self._lean.clear()
