@@ -253,8 +253,12 @@ class Allreducer:
         """Reduce ``x`` over all ranks; return the result as the same kind of
         object and shape (written into ``out`` when given; ``out`` may be
         ``x`` itself)."""
-        if requests.pending():
-            return self.start(x, key, out=out).wait()   # behind the started calls, in order
+        # behind the started calls, in order.  Draining them first (rather than
+        # queueing this call when some are pending) keeps every rank on the
+        # same path whatever its own thread has finished: a rank with nothing
+        # pending and one still waiting must make the same MPI calls on the
+        # same communicators.
+        requests.drain()
         return self._call(x, key, out)
 
     def _call(self, x: Any, key: Optional[str], out: Any) -> Any:

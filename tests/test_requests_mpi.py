@@ -8,7 +8,8 @@ import pytest
 import hpccomm
 from hpccomm import requests
 
-from .helpers import COMM, RANK, SIZE, digest, raise_everywhere, rank_data, same_on_all_ranks
+from .helpers import (COMM, RANK, SIZE, digest, exact_sum, raise_everywhere, rank_data,
+                      same_on_all_ranks)
 
 pytestmark = pytest.mark.mpi
 
@@ -141,3 +142,19 @@ def test_waiting_with_sleeps_gives_the_same_bits(codec, algorithm):
     finally:
         set_wait_interval(None)
     assert got == want
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_blocking_call_while_only_some_ranks_still_have_started_calls():
+    """Rank 0 has waited for its started call, the others have not: a new
+    reducer's blocking call must make the same MPI calls on every rank
+    (queueing it behind the pending calls on some ranks only, and running it
+    at once on the others, put their agreements on different communicators)."""
+    started = hpccomm.Allreducer(COMM, codec="onebit", algorithm="twoshot")
+    req = started.start(rank_data(1 << 18), key="s")
+    if RANK == 0:
+        req.wait()
+    fresh = hpccomm.Allreducer(COMM, codec="none", algorithm="mpi")
+    got = fresh(rank_data(100, integers=True))
+    np.testing.assert_array_equal(got, exact_sum(100, integers=True).astype(np.float32))
+    assert same_on_all_ranks(req.wait())
