@@ -462,16 +462,15 @@ def allreduce(x: Any, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
     :class:`Allreducer`.
     """
     reducer_kw = {k: options.pop(k) for k in ("check", "gpu_aware", "seed") if k in options}
-    stateful = ["error_feedback"] if "error_feedback" in options else []
-    for k in stateful:
-        options.pop(k)
+    stateful = "error_feedback" in options
+    options.pop("error_feedback", None)
     reducer = Allreducer(comm, codec=codec, algorithm=algorithm, op=op, error_feedback=False,
                          **reducer_kw, **options)
     if stateful and reducer.config_error is None:   # raised on every rank by the call
         reducer.config_error = TypeError(
-            f"hpccomm.allreduce is stateless and takes no {', '.join(stateful)}: error "
-            f"feedback needs the residual of the previous call -- use hpccomm.Allreducer(comm, "
-            f"..., error_feedback=True) and call it with a key")
+            "hpccomm.allreduce is stateless and takes no error_feedback: error feedback needs "
+            "the residual of the previous call -- use hpccomm.Allreducer(comm, ..., "
+            "error_feedback=True) and call it with a key")
     return reducer(x, out=out)
 
 

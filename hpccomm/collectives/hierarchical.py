@@ -91,7 +91,6 @@ class _Layout:
             sub = comm.Split(0 if s in self.owned else MPI.UNDEFINED, key=self.node)
             if sub != MPI.COMM_NULL:
                 self.cross[s] = sub
-        self._block: Optional[mmap.mmap] = None
         self._segments: List[np.ndarray] = []
         self._capacity = 0
         self._calls = 0
@@ -105,11 +104,10 @@ class _Layout:
         calls, so every rank grows it in the same call, and a failure (no
         room in ``/dev/shm``) is raised on every rank of ``comm``."""
         if n > self._capacity:
-            self._segments, self._block = [], None
-            err = None
+            self._segments, block, err = [], None, None
             if self.L > 1:
                 try:
-                    self._block = shared_block(self.local, 2 * self.L * n * 4)
+                    block = shared_block(self.local, 2 * self.L * n * 4)
                 except OSError as exc:
                     err = str(exc)
             errs = [e for e in comm.allgather(err) if e is not None]
@@ -117,8 +115,8 @@ class _Layout:
                 self._capacity = 0
                 raise MemoryError(f"hierarchical: no shared memory for {n} elements "
                                   f"per rank on a node: {errs[0]}")
-            if self._block is not None:
-                whole = np.frombuffer(self._block, dtype=np.float32)
+            if block is not None:     # the views keep the mapping alive
+                whole = np.frombuffer(block, dtype=np.float32)
                 self._segments = [whole[j * 2 * n:(j + 1) * 2 * n] for j in range(self.L)]
             self._capacity = n
         if not self._segments:
@@ -131,7 +129,7 @@ class _Layout:
     def release(self) -> None:
         """Free the node's communicators and unmap the block (when the
         communicator it was made for is freed)."""
-        self._segments, self._block, self._capacity = [], None, 0
+        self._segments, self._capacity = [], 0
         for c in [self.local, *self.cross.values()]:
             c.Free()
         self.cross = {}
@@ -158,7 +156,7 @@ def shared_block(local: MPI.Comm, nbytes: int) -> mmap.mmap:
             finally:
                 os.close(fd)
         except OSError as exc:
-            err = f"{exc}"
+            err = str(exc)
     name, err = local.bcast((name, err), root=0)
     block = None
     try:
