@@ -1,19 +1,155 @@
-"""Host-side helpers shared by the ``numba.cuda`` kernel modules
-(:mod:`hpccomm.kernels.cuda_quantize`, :mod:`hpccomm.kernels.cuda_sparsify`)."""
+"""Host-side helpers and small elementwise kernels shared by the
+``numba.cuda`` kernel modules (:mod:`hpccomm.kernels.cuda_quantize`,
+:mod:`hpccomm.kernels.cuda_sparsify`) and the device codecs
+(:mod:`hpccomm.device_codecs`).
+
+Every launch and allocation here goes to the *current stream*
+(:func:`current_stream`, set with :func:`on_stream` by the device pipeline
+to the stream that produced the user's buffer); the default is stream 0.
+Elementwise float32 arithmetic is one IEEE operation per element, as numpy's.
+"""
+import contextlib
+
 import numpy as np
-from numba import cuda
+from numba import config, cuda
+
+#: threads per block of the kernels here (the simulator runs one Python thread per CUDA thread)
+THREADS = 32 if config.ENABLE_CUDASIM else 256
+_STREAM = [0]
+
+
+def current_stream():
+    """The stream kernels and copies run on (0: the default stream)."""
+    return _STREAM[-1]
+
+
+@contextlib.contextmanager
+def on_stream(stream):
+    """Run the kernels of the ``with`` block on ``stream`` (None: unchanged)."""
+    if stream is None:
+        yield
+        return
+    _STREAM.append(stream)
+    try:
+        yield
+    finally:
+        _STREAM.pop()
 
 
 def to_device(a, dtype=None):
     """A device array: numpy input is copied (as contiguous ``dtype``), device
     arrays pass through."""
     if isinstance(a, np.ndarray):
-        return cuda.to_device(np.ascontiguousarray(a, dtype=dtype))
+        return cuda.to_device(np.ascontiguousarray(a, dtype=dtype), stream=current_stream())
     return a
+
+
+def empty(n, dtype):
+    """A new flat device array of ``n`` elements (contents undefined)."""
+    return cuda.device_array(int(n), dtype=dtype, stream=current_stream())
+
+
+def to_host(a, out=None):
+    """A host copy of device array ``a`` (into ``out`` when given), complete on return."""
+    stream = current_stream()
+    host = a.copy_to_host(out, stream=stream) if out is not None else a.copy_to_host(stream=stream)
+    if stream:
+        stream.synchronize()
+    return host
+
+
+def from_host(host, a):
+    """Copy host array ``host`` into device array ``a`` (on the current stream)."""
+    a.copy_to_device(host, stream=current_stream())
 
 
 def launch(threads, kernel, count, *args):
     """Run ``kernel`` on ``count`` items, one thread each, in blocks of
-    ``threads``; nothing when ``count`` is 0."""
+    ``threads`` on the current stream; nothing when ``count`` is 0."""
     if count > 0:
-        kernel[(count + threads - 1) // threads, threads](*args)
+        kernel[(count + threads - 1) // threads, threads, current_stream()](*args)
+
+
+# ---------------------------------------------------------------------------
+# elementwise kernels
+# ---------------------------------------------------------------------------
+@cuda.jit
+def _binary(a, b, out, op):
+    i = cuda.grid(1)
+    if i < out.size:
+        if op == 0:
+            out[i] = a[i] + b[i]
+        elif op == 1:
+            out[i] = a[i] - b[i]
+        else:
+            out[i] = a[i]
+
+
+@cuda.jit
+def _fill(out, value):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = value
+
+
+@cuda.jit
+def _header(packet, version, codec, extra, n):
+    if cuda.grid(1) == 0:
+        packet[0] = 72          # b"HC"
+        packet[1] = 67
+        packet[2] = version
+        packet[3] = codec
+        for k in range(4):
+            packet[4 + k] = (extra >> (8 * k)) & 0xFF
+        for k in range(8):
+            packet[8 + k] = (n >> (8 * k)) & 0xFF
+
+
+@cuda.jit
+def _count_nonfinite(x, count):
+    i = cuda.grid(1)
+    if i < x.size:
+        v = x[i]
+        if v != v or v - v != 0:        # NaN, or +-inf (inf - inf is NaN)
+            cuda.atomic.add(count, 0, 1)
+
+
+def add(a, b, out):
+    """``out = a + b`` (float32); returns ``out``."""
+    launch(THREADS, _binary, out.size, a, b, out, 0)
+    return out
+
+
+def subtract(a, b, out):
+    """``out = a - b`` (float32); returns ``out``."""
+    launch(THREADS, _binary, out.size, a, b, out, 1)
+    return out
+
+
+def copy(a, out):
+    """``out[:] = a`` (device to device, same dtype); returns ``out``."""
+    launch(THREADS, _binary, out.size, a, a, out, 2)
+    return out
+
+
+def fill(out, value):
+    """``out[:] = value``; returns ``out``."""
+    launch(THREADS, _fill, out.size, out, out.dtype.type(value))
+    return out
+
+
+def write_header(packet, version, codec_id, extra, n):
+    """The common 16-byte packet header at ``packet[0:16]``, written by one
+    device thread from its arguments (no host-to-device copy)."""
+    _header[1, 1, current_stream()](packet, np.uint8(version), np.uint8(codec_id),
+                                    np.uint64(extra), np.uint64(n))
+
+
+def count_nonfinite(x) -> int:
+    """How many of the float32 ``x`` are NaN or +-inf (an integer count:
+    independent of the order the threads add it in)."""
+    if x.size == 0:
+        return 0
+    count = cuda.to_device(np.zeros(1, np.int64), stream=current_stream())
+    launch(THREADS, _count_nonfinite, x.size, x, count)
+    return int(to_host(count)[0])
