@@ -12,6 +12,7 @@ from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_b
                       resolve_gpu_aware)
 from .codecs.base import Codec, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
+from .collectives.on_device import DEVICE_ALGORITHMS, DevicePath, why_not_on_device
 from .collectives.transport import INT_MAX, Transport, dense_allreduce
 from .communicators import private_comm, ranks_on_node
 from .errors import ConsistencyError, nonfinite_input
@@ -89,6 +90,8 @@ class Allreducer:
         #: MPI_Allreduce of a host array (see :meth:`_lean_call`)
         self._lean: Dict[str, _Lean] = {}
         self._staging = HostStaging()
+        #: the device pipeline (made on the first device call that can use it)
+        self._device: Optional[DevicePath] = None
         self._comm: Optional[MPI.Comm] = None
         self.codec: Optional[Codec] = None
         self.algorithm: Optional[Algorithm] = None
@@ -183,6 +186,7 @@ class Allreducer:
         self._states.clear()
         self._lean.clear()
         self._staging = HostStaging()
+        self._device = None
 
     def __enter__(self):
         return self
@@ -422,16 +426,31 @@ class Allreducer:
         return final
 
     def _reduce_device(self, buf: Buffer, obuf: Optional[Buffer], state, ctx):
+        """Device input: the device path (:mod:`hpccomm.collectives.on_device`:
+        codec kernels on the device, only packets staged) where it applies;
+        else dense device memory straight to CUDA-aware MPI; else the whole
+        gradient staged through host memory (``extra["staged"] =
+        "gradient"``, with the reason in ``extra["device"]``)."""
         backend, call = buf.backend, ctx.call
-        backend.synchronize(buf.device)
         result_dev = obuf.device if obuf is not None else backend.empty_like(buf.device)
-        if (self.gpu_aware and self.algorithm.supports_device
-                and buf.dtype in self.algorithm.dtypes):
+        path, reason = self._device_path(buf)
+        choice = path.choice(buf.size, state, ctx) if path is not None else None
+        if choice in DEVICE_ALGORITHMS:
+            path.reduce(buf.device, result_dev, backend, state, ctx, choice, self.op == "mean")
+        elif (self.gpu_aware and buf.dtype in self.algorithm.dtypes
+              and (self.algorithm.supports_device or choice == "dense")):
+            backend.synchronize(buf.device)
             call.nbytes = buf.size * np.dtype(buf.dtype).itemsize
-            self.algorithm.reduce_device(buf.device, result_dev, backend, state, ctx)
+            if choice == "dense":
+                call.extra["auto"] = "dense"
+            if self.size == 1:
+                backend.copy(buf.device, result_dev)
+            else:
+                ctx.net.allreduce(buf.device, result_dev, nbytes=call.nbytes)
             if self.op == "mean" and self.size > 1:
                 backend.divide(result_dev, self.size)
         else:
+            backend.synchronize(buf.device)
             itemsize = 2 if buf.dtype == "bfloat16" else np.dtype(buf.dtype).itemsize
             host_dtype = np.uint16 if buf.dtype == "bfloat16" else np.dtype(buf.dtype)
             host_in = self._staging.get("in", buf.size * itemsize, backend).view(host_dtype)
@@ -445,10 +464,24 @@ class Allreducer:
             self._reduce_host(hbuf, obuf_host, host_in, state, ctx)
             with call.time("comm"):
                 backend.from_host(host_out, result_dev)
-            call.extra["staged"] = True
+            call.extra.update(staged="gradient", staged_d2h=host_in.nbytes,
+                              staged_h2d=host_out.nbytes,
+                              device=reason or f"auto chose {choice!r}")
         if obuf is not None:
             return obuf.obj
         return buf.wrap(result_dev)
+
+    def _device_path(self, buf: Buffer):
+        """``(DevicePath, "")`` when this call may run on the device, else
+        ``(None, why not)``; the path is made once per reducer."""
+        if not buf.backend.device_kernels:
+            return None, f"device backend {buf.backend.name!r} runs no hpccomm kernels"
+        reason = why_not_on_device(self.algorithm, self.codec, self.memory, buf.dtype)
+        if reason:
+            return None, reason
+        if self._device is None:
+            self._device = DevicePath(self.algorithm, self.codec, self._staging, self.gpu_aware)
+        return self._device, ""
 
 
 def allreduce(x: Any, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",

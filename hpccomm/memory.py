@@ -79,11 +79,13 @@ class Memory:
                       vals: np.ndarray) -> None:
         """``v`` went out as the pairs ``(idx, vals)`` (``idx`` strictly increasing)."""
 
-    def fused_buffers(self, state: KeyState, slot: str, n: int):
+    def fused_buffers(self, state: KeyState, slot: str, n: int, empty=None):
         """For fused codecs (``fusable`` memories): ``(e, e_out)``, the slot's
         residual of ``n`` elements (None before the first update) and the
         buffer the new one is written to; :meth:`commit_fused` makes ``e_out``
-        the residual.  Until then the old residual is untouched."""
+        the residual.  Until then the old residual is untouched.  ``empty(n)``
+        allocates float32 buffers (default numpy; the device path passes its
+        device allocator and keeps its residuals in slots of their own)."""
         raise NotImplementedError(f"memory {self.name!r} is not fusable")
 
     def commit_fused(self, state: KeyState, slot: str) -> None:
@@ -173,13 +175,14 @@ class ResidualMemory(Memory):
             state.residuals[slot] = flat
         flat[idx] -= vals
 
-    def fused_buffers(self, state, slot, n):
+    def fused_buffers(self, state, slot, n, empty=None):
         e = state.residuals.get(slot)
         if e is not None and e.size != n:
             e = None
         spare = state.spares.get(slot)
         if spare is None or spare.size != n:
-            spare = state.spares[slot] = np.empty(n, dtype=np.float32)
+            spare = state.spares[slot] = (empty(n) if empty is not None
+                                          else np.empty(n, dtype=np.float32))
         return e, spare
 
     def commit_fused(self, state, slot):

@@ -17,6 +17,11 @@ class DeviceBackend:
     :func:`register_device_backend` to support another array type."""
 
     name = "device"
+    #: hpccomm's numba.cuda kernels may run on this backend's arrays: their
+    #: memory is what numba.cuda addresses (device memory; host memory under
+    #: numba's simulator).  Without it device input is staged whole through
+    #: the host.
+    device_kernels = False
 
     def matches(self, obj: Any) -> bool:
         raise NotImplementedError
@@ -48,8 +53,13 @@ class DeviceBackend:
     def count_nonfinite(self, obj: Any, size: int, dtype: str) -> int:
         """Number of NaN / Inf among the ``size`` elements of ``obj`` (of
         hpccomm's ``dtype`` name; ``"bfloat16"`` included), after
-        :meth:`synchronize`.  Default: through a host copy; backends override
-        it with a reduction on the device."""
+        :meth:`synchronize`.  Default: float32 / float64 on a backend with
+        :attr:`device_kernels` by a reduction on the device (one integer comes
+        back); otherwise through a host copy."""
+        if self.device_kernels and dtype in ("float32", "float64"):
+            from ..kernels import cuda_util
+
+            return cuda_util.count_nonfinite(cuda_util.as_kernel_array(obj))
         from ..kernels.nonfinite import count_nonfinite
 
         bf16 = dtype == "bfloat16"
@@ -83,6 +93,7 @@ class CupyBackend(DeviceBackend):
     """Device arrays through CuPy (accepts any ``__cuda_array_interface__``)."""
 
     name = "cupy"
+    device_kernels = True
 
     def __init__(self):
         import cupy  # noqa: F401  (ImportError means: not available)
@@ -132,6 +143,7 @@ class NumbaCudaBackend(DeviceBackend):  # pragma: no cover - needs a GPU
     """Device arrays through numba.cuda, for machines without CuPy."""
 
     name = "numba.cuda"
+    device_kernels = True
 
     def __init__(self):
         from numba import cuda
@@ -164,10 +176,11 @@ class NumbaCudaBackend(DeviceBackend):  # pragma: no cover - needs a GPU
         self._as(dst).copy_to_device(self._as(src))
 
     def divide(self, obj, divisor):
-        # no elementwise kernel here: round-trip through the host (slow path)
-        host = self._as(obj).copy_to_host()
-        host /= host.dtype.type(divisor)
-        self._as(obj).copy_to_device(host)
+        from ..kernels import cuda_util
+
+        arr = self._as(obj)
+        with cuda_util.on_stream(cuda_util.stream_of(obj)):
+            cuda_util.divide(arr, divisor)
 
     def pinned_empty(self, nbytes):
         return self._cuda.pinned_array(max(nbytes, 1), dtype=np.uint8)[:nbytes]

@@ -140,10 +140,18 @@ class Auto(Algorithm):
         return self.model is not None and self.choose(n, tuple(shape), key) == "dense"
 
     # -- the call ----------------------------------------------------------
-    def reduce(self, x, out, state, ctx):
+    def decide(self, n: int, shape: tuple, key: Optional[str], net) -> str:
+        """This call's choice (the profile is loaded on the first call: collective)."""
         if self.model is None:
-            self._load(ctx.net)
-        choice = self.choose(x.size, tuple(ctx.shape), ctx.key)
+            self._load(net)
+        return self.choose(n, tuple(shape), key)
+
+    def candidate(self, name: str) -> Algorithm:
+        """The algorithm behind choice ``name`` (not ``"dense"``)."""
+        return self._candidates[name]
+
+    def reduce(self, x, out, state, ctx):
+        choice = self.decide(x.size, ctx.shape, ctx.key, ctx.net)
         ctx.call.extra["auto"] = choice
         if choice == "dense":
             if ctx.agree is not None:   # (cannot happen: the check is deferred only

@@ -239,6 +239,10 @@ class _Types:
         self._made.clear()
 
 
+def _new_bytes(nbytes: int) -> np.ndarray:
+    return np.empty(nbytes, dtype=np.uint8)
+
+
 def _address(buf: np.ndarray) -> int:
     return MPI.Get_address(buf) if buf.size else 0
 
@@ -302,14 +306,18 @@ class Transport:
     # ------------------------------------------------------------ all-to-all
     def alltoallv(self, packets: Sequence[np.ndarray],
                   recv_sizes: Optional[Sequence[int]] = None,
-                  in_place: bool = False) -> List[np.ndarray]:
+                  in_place: bool = False,
+                  recv_buffer: Optional[Callable[[int], np.ndarray]] = None) -> List[np.ndarray]:
         """Send ``packets[j]`` to rank ``j``; return the packets received, by source.
 
         ``in_place``: MPI reads the packets where they are (``MPI_Alltoallw``
         with a datatype at each packet's address) instead of from one buffer
         they are copied into first -- worth it for large packets.  It must be
-        the same on every rank (decide it from numbers every rank shares)."""
-        return self._alltoallv(packets, recv_sizes, blocking=True, in_place=in_place)
+        the same on every rank (decide it from numbers every rank shares).
+        ``recv_buffer(nbytes)``: the uint8 host buffer to receive into
+        (default a new one; the device path passes its pinned staging)."""
+        return self._alltoallv(packets, recv_sizes, blocking=True, in_place=in_place,
+                               recv_buffer=recv_buffer)
 
     def ialltoallv(self, packets: Sequence[np.ndarray],
                    recv_sizes: Optional[Sequence[int]] = None,
@@ -318,9 +326,9 @@ class Transport:
         the request completes."""
         return self._alltoallv(packets, recv_sizes, blocking=False, in_place=in_place)
 
-    def _alltoallv(self, packets, recv_sizes, blocking, in_place=False):
+    def _alltoallv(self, packets, recv_sizes, blocking, in_place=False, recv_buffer=None):
         if blocking and _interval() is not None:
-            return self._alltoallv(packets, recv_sizes, False, in_place).wait()
+            return self._alltoallv(packets, recv_sizes, False, in_place, recv_buffer).wait()
         P, r, comm = self.size, self.rank, self.comm
         send_counts = [int(p.size) for p in packets]
         sendbuf = _joined(packets)
@@ -328,14 +336,9 @@ class Transport:
             sendbuf = np.concatenate(packets) if len(packets) else np.empty(0, np.uint8)
         types = _Types(self.block)
         with self.call.time("comm"):
-            if recv_sizes is None:
-                got = np.empty(P, dtype=np.int64)
-                comm.Alltoall(np.array(send_counts, dtype=np.int64), got)
-                self._count(8 * (P - 1), 8 * (P - 1))
-                recv_counts = got.tolist()
-            else:
-                recv_counts = [int(c) for c in recv_sizes]
-            recvbuf = np.empty(sum(recv_counts), dtype=np.uint8)
+            recv_counts = (self.alltoall_counts(send_counts) if recv_sizes is None
+                           else [int(c) for c in recv_sizes])
+            recvbuf = (recv_buffer or _new_bytes)(sum(recv_counts))
             sd, rd = _prefix(send_counts), _prefix(recv_counts)
             try:
                 if in_place:   # every rank: the packets where they lie, no copy
@@ -377,31 +380,29 @@ class Transport:
 
     # ------------------------------------------------------------ allgather
     def allgatherv(self, packet: np.ndarray,
-                   sizes: Optional[Sequence[int]] = None) -> List[np.ndarray]:
-        """Every rank's ``packet`` to every rank; return them by source rank."""
-        return self._allgatherv(packet, sizes, blocking=True)
+                   sizes: Optional[Sequence[int]] = None,
+                   recv_buffer: Optional[Callable[[int], np.ndarray]] = None) -> List[np.ndarray]:
+        """Every rank's ``packet`` to every rank; return them by source rank
+        (received into ``recv_buffer(nbytes)`` when given, as for
+        :meth:`alltoallv`)."""
+        return self._allgatherv(packet, sizes, blocking=True, recv_buffer=recv_buffer)
 
     def iallgatherv(self, packet: np.ndarray, sizes: Optional[Sequence[int]] = None) -> Request:
         """Non-blocking :meth:`allgatherv`."""
         return self._allgatherv(packet, sizes, blocking=False)
 
-    def _allgatherv(self, packet, sizes, blocking):
+    def _allgatherv(self, packet, sizes, blocking, recv_buffer=None):
         if blocking and _interval() is not None:
-            return self._allgatherv(packet, sizes, False).wait()
+            return self._allgatherv(packet, sizes, False, recv_buffer).wait()
         P, r, comm = self.size, self.rank, self.comm
         types = _Types(self.block)
         with self.call.time("comm"):
-            if sizes is None:
-                got = np.empty(P, dtype=np.int64)
-                comm.Allgather(np.array([packet.size], dtype=np.int64), got)
-                self._count(8 * (P - 1), 8 * (P - 1))
-                counts = got.tolist()
-            else:
-                counts = [int(c) for c in sizes]
+            counts = (self.allgather_counts(packet.size) if sizes is None
+                      else [int(c) for c in sizes])
             if counts[r] != packet.size:
                 raise ValueError(f"allgatherv: packet is {packet.size} bytes, expected "
                                  f"{counts[r]}")
-            recvbuf = np.empty(sum(counts), dtype=np.uint8)
+            recvbuf = (recv_buffer or _new_bytes)(sum(counts))
             displs = _prefix(counts)
             try:
                 if self._large(counts, displs):   # (the same decision on every rank)
@@ -427,6 +428,58 @@ class Transport:
             return Request(self.call, reqs, finish=finish, cleanup=types.free)
         types.free()
         return finish()
+
+    # ------------------------------------------------------------ counts
+    def alltoall_counts(self, send_counts: Sequence[int]) -> List[int]:
+        """The byte counts the other ranks will send here, given ours to them
+        (one ``MPI_Alltoall`` of int64)."""
+        got = np.empty(self.size, dtype=np.int64)
+        self.comm.Alltoall(np.array(send_counts, dtype=np.int64), got)
+        self._count(8 * (self.size - 1), 8 * (self.size - 1))
+        return got.tolist()
+
+    def allgather_counts(self, nbytes: int) -> List[int]:
+        """Every rank's byte count (one ``MPI_Allgather`` of int64)."""
+        got = np.empty(self.size, dtype=np.int64)
+        self.comm.Allgather(np.array([nbytes], dtype=np.int64), got)
+        self._count(8 * (self.size - 1), 8 * (self.size - 1))
+        return got.tolist()
+
+    # ------------------------------------------------------------ device memory
+    # CUDA-aware MPI reads and writes device memory itself: the buffers here
+    # are any objects mpi4py takes (``__cuda_array_interface__``), described
+    # by plain counts and displacements -- no datatypes at host addresses.
+    def _device_counts_fit(self, counts: List[int], displs: List[int]) -> None:
+        if self._large(counts, displs):
+            raise ValueError("a device-memory collective of more than 2**31 - 1 bytes needs "
+                             "MPI-4 large counts; this MPI library has none")
+
+    def alltoallv_device(self, sendbuf, send_counts: Sequence[int], recvbuf,
+                         recv_counts: Sequence[int]) -> None:
+        """``MPI_Alltoallv`` of bytes between device buffers: ``send_counts[j]``
+        consecutive bytes of ``sendbuf`` to rank ``j``, ``recv_counts[j]`` from
+        rank ``j`` into ``recvbuf``, in rank order."""
+        send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
+        sd, rd = _prefix(send_counts), _prefix(recv_counts)
+        self._device_counts_fit(send_counts, sd)
+        self._device_counts_fit(recv_counts, rd)
+        with self.call.time("comm"):
+            self.comm.Alltoallv([sendbuf, (send_counts, sd), MPI.BYTE],
+                                [recvbuf, (recv_counts, rd), MPI.BYTE])
+        r = self.rank
+        self._count(sum(send_counts) - send_counts[r], sum(recv_counts) - recv_counts[r])
+
+    def allgatherv_device(self, sendbuf, recvbuf, counts: Sequence[int]) -> None:
+        """``MPI_Allgatherv`` of bytes between device buffers: rank ``j``'s
+        ``counts[j]`` bytes at their prefix-sum offset of ``recvbuf``."""
+        counts = [int(c) for c in counts]
+        displs = _prefix(counts)
+        self._device_counts_fit(counts, displs)
+        with self.call.time("comm"):
+            self.comm.Allgatherv([sendbuf, counts[self.rank], MPI.BYTE],
+                                 [recvbuf, (counts, displs), MPI.BYTE])
+        others = sum(counts) - counts[self.rank]
+        self._model(others, others)
 
     # ------------------------------------------------------------ objects
     def bcast_object(self, obj, root: int = 0):

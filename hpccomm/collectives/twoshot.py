@@ -112,6 +112,13 @@ class TwoShot(Algorithm):
             plan = state.cache[key] = (bounds, fixed, [fixed[r]] * P if fixed else None)
         return plan
 
+    def chunk_plan(self, n: int, shape: tuple, state) -> Tuple[List[int], Optional[List[int]]]:
+        """Step 1's chunk bounds (``P + 1``) and the chunks' fixed packet sizes
+        (None when they depend on the data), as every call of ``(n, shape)``
+        under this key uses them."""
+        bounds, fixed, _ = self._plan(n, shape, state)
+        return bounds, fixed
+
     def _segment_plan(self, n, shape, S, state) -> List[Tuple[List[Tuple[int, int]],
                                                             Optional[List[int]]]]:
         """Per segment: the piece ``(lo, hi)`` of every chunk and the pieces'

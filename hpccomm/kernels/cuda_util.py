@@ -153,3 +153,74 @@ def count_nonfinite(x) -> int:
     count = cuda.to_device(np.zeros(1, np.int64), stream=current_stream())
     launch(THREADS, _count_nonfinite, x.size, x, count)
     return int(to_host(count)[0])
+
+
+@cuda.jit
+def _divide(out, divisor):
+    i = cuda.grid(1)
+    if i < out.size:
+        out[i] = out[i] / divisor
+
+
+def divide(out, divisor):
+    """``out /= divisor`` in float32 (IEEE division, as numpy's); returns ``out``."""
+    launch(THREADS, _divide, out.size, out, out.dtype.type(divisor))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# user buffers, streams and MPI
+# ---------------------------------------------------------------------------
+def as_kernel_array(obj):
+    """A flat device array viewing the memory of ``obj`` (any C-contiguous
+    ``__cuda_array_interface__`` object: CuPy, torch, numba), without a
+    copy and without synchronizing its stream (the kernels run on it,
+    :func:`stream_of`).  Under the simulator the memory is host memory and
+    the view is the simulator's array over it."""
+    if config.ENABLE_CUDASIM:
+        import ctypes
+
+        from numba.cuda.simulator.cudadrv.devicearray import FakeCUDAArray
+
+        cai = obj.__cuda_array_interface__
+        dtype = np.dtype(cai["typestr"])
+        n = int(np.prod(cai["shape"], dtype=np.int64))
+        if n == 0:
+            return FakeCUDAArray(np.empty(0, dtype))
+        raw = (ctypes.c_char * (n * dtype.itemsize)).from_address(cai["data"][0])
+        return FakeCUDAArray(np.frombuffer(raw, dtype, n))
+    arr = cuda.as_cuda_array(obj, sync=False)
+    return arr.reshape(arr.size)
+
+
+def stream_of(obj):
+    """The stream that produced ``obj``: the one its
+    ``__cuda_array_interface__`` (v3) names, else CuPy's current stream when
+    CuPy is loaded, else the default stream (0)."""
+    if config.ENABLE_CUDASIM:
+        return 0
+    ptr = getattr(obj, "__cuda_array_interface__", {}).get("stream")
+    if ptr is None:
+        import sys
+
+        cupy = sys.modules.get("cupy")
+        ptr = cupy.cuda.get_current_stream().ptr if cupy is not None else 0
+    return cuda.external_stream(ptr) if ptr else 0
+
+
+def synchronize():
+    """Wait for the current stream (before MPI reads what its kernels wrote)."""
+    stream = current_stream()
+    if stream:
+        stream.synchronize()
+    else:
+        cuda.synchronize()
+
+
+def mpi_buffer(a):
+    """What to hand MPI for device array ``a``: the array itself (CUDA-aware
+    MPI reads its ``__cuda_array_interface__``); under the simulator, the host
+    memory standing in for device memory."""
+    if config.ENABLE_CUDASIM:
+        return a._ary if hasattr(a, "_ary") else a
+    return a
