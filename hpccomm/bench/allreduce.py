@@ -45,9 +45,9 @@ import time
 
 import numpy as np
 
-from .harness import (case_options, empty_like, fmt_bytes, make_buffer, mpi_library,
-                      mpi_thread_level, parse_options, parse_range, sizes_from, slowest_rank,
-                      to_numpy)
+from .harness import (case_options, device_sync, empty_like, fmt_bytes, make_buffer,
+                      mpi_library, mpi_thread_level, parse_options, parse_range, sizes_from,
+                      slowest_rank, to_numpy)
 
 
 def default_iterations(nbytes: int) -> int:
@@ -93,6 +93,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 1024; 0: always 1-D)")
     p.add_argument("--buffer", choices=("numpy", "torch", "cupy"), default="numpy",
                    help="buffer type handed to the collectives (default numpy; cupy needs a GPU)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="where --buffer torch lives (cupy is always on the GPU); device buffers "
+                        "run the codecs on the GPU where hpccomm has a device path")
     p.add_argument("--threads", type=int, default=1,
                    help="numba threads per rank (default 1: ranks already share the cores)")
     p.add_argument("--seed", type=int, default=0, help="seed for inputs and stochastic codecs")
@@ -166,6 +169,7 @@ def run_raw(comm, x, exact, iters, warmup):
         comm.Barrier()
         t0 = time.perf_counter()
         allreduce()
+        device_sync(out)
         times[it] = time.perf_counter() - t0
     slowest = slowest_rank(comm, times)
     rel, max_err = _errors(to_numpy(out), exact)
@@ -303,6 +307,7 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
         comm.Barrier()
         t0 = time.perf_counter()
         reducer(x, key, out=out)
+        device_sync(out)
         times[it] = time.perf_counter() - t0
         last = reducer.stats.last
         phases[it] = (last.t_encode, last.t_comm, last.t_decode)
@@ -333,6 +338,9 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
         "t_encode": float(worst[0]), "t_comm": float(worst[1]), "t_decode": float(worst[2]),
         "wire_bytes": int(worst[3]), "wire_modelled": bool(reducer.stats.last.modelled),
         "segments": int(reducer.stats.last.extra.get("segments", 1)),
+        "staged": reducer.stats.last.extra.get("staged"),
+        "staged_bytes": int(reducer.stats.last.extra.get("staged_d2h", 0)
+                            + reducer.stats.last.extra.get("staged_h2d", 0)),
         "rel_err": rel, "max_err": max_err, "error_feedback": reducer.memory.enabled,
         "wrong": wrong if check else None, "check_failures": sorted(failures),
         "check_tolerance": tolerance,
@@ -426,7 +434,7 @@ def main(argv=None) -> int:
         comm.Allreduce(x_host.astype(np.float64), exact, op=MPI.SUM)
         if args.cols and n % args.cols == 0 and n > args.cols:
             x_host = x_host.reshape(n // args.cols, args.cols)
-        x = make_buffer(x_host, args.buffer)
+        x = make_buffer(x_host, args.buffer, args.device)
         iters = args.iterations or default_iterations(nbytes)
         warmup = args.warmup if args.warmup is not None else max(2, iters // 10)
         baseline = None

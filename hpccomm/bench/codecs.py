@@ -17,6 +17,14 @@ the packet of ``v``, ``e' = v - decode(packet)`` -- through the codec's fused
 ``e'`` and the packet: ``12 n`` + packet) over its time, as a fraction of the
 bytes memcpy moves per second (read + write).  The fused kernels are also
 timed against the three steps they replace (``3-step GB/s``).
+
+``--device cuda``: the codecs' device twins (:mod:`hpccomm.device_codecs`) on
+a GPU, timed with CUDA events on one stream: ``ef`` is the twin's
+``encode_with_feedback`` (input and residual already on the device), ``dec``
+its decode, and ``memcpy`` a device-to-device copy of the same array measured
+in the same run; ``(ef+dec)/memcpy`` reads as above.  Only codecs with a twin
+run.  Under ``NUMBA_ENABLE_CUDASIM=1`` it runs on the simulator (a functional
+check: the times mean nothing).
 """
 from __future__ import annotations
 
@@ -85,6 +93,101 @@ def measure(codec, x: np.ndarray, reps: int) -> dict:
     }
 
 
+def _device_timer(reps: int):
+    """``time(fn)``: the median seconds of ``fn`` on the device (CUDA events on
+    the default stream; wall clock after a synchronize under the simulator)."""
+    from numba import config, cuda
+
+    def timed(fn) -> float:
+        fn()
+        cuda.synchronize()
+        times = []
+        for _ in range(reps):
+            if config.ENABLE_CUDASIM:
+                t0 = time.perf_counter()
+                fn()
+                cuda.synchronize()
+                times.append(time.perf_counter() - t0)
+                continue
+            start, stop = cuda.event(timing=True), cuda.event(timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(cuda.event_elapsed_time(start, stop) / 1e3)
+        return float(np.median(times))
+
+    return timed
+
+
+def measure_device(codec, x: np.ndarray, reps: int) -> dict:
+    """The ``--device cuda`` row of ``codec`` on ``x`` (see the module docstring)."""
+    from ..codecs.base import EncodeContext
+    from ..device_codecs import device_codec_for
+    from ..kernels import cuda_util as U
+
+    twin = device_codec_for(codec)
+    timed = _device_timer(reps)
+    ctx = EncodeContext(seed=1, rank=0, step=0, offset=0, shape=(x.size,), feedback=True)
+    xd = U.to_device(x)
+    e = U.to_device(np.random.default_rng(7).standard_normal(x.size).astype(np.float32)
+                    * np.float32(0.1))
+    e_out, out, dst = (U.empty(x.size, np.float32) for _ in range(3))
+    packet = twin.encode_with_feedback(xd, e, e_out, ctx)
+    t_mem = timed(lambda: dst.copy_to_device(xd))
+    t_ef = timed(lambda: twin.encode_with_feedback(xd, e, e_out, ctx))
+    t_dec = timed(lambda: twin.decode(packet, out))
+    # the packet of the same input and context from the host codec, byte for byte
+    host_e = U.to_host(e)
+    host = codec.encode_with_feedback(x, host_e, np.empty_like(x), ctx) \
+        if getattr(codec, "encode_with_feedback", None) else None
+    same = None if host is None else bool(np.array_equal(U.to_host(packet), host))
+    mem = x.nbytes / t_mem / 1e9
+    return {"device": "cuda", "memcpy_gbs": mem, "ef_s": t_ef, "decode_s": t_dec,
+            "ef_gbs": x.nbytes / t_ef / 1e9, "decode_gbs": x.nbytes / t_dec / 1e9,
+            "roundtrip_gbs": x.nbytes / (t_ef + t_dec) / 1e9,
+            "fraction_of_memcpy": x.nbytes / (t_ef + t_dec) / 1e9 / mem,
+            "bits_per_element": 8.0 * packet.size / max(x.size, 1),
+            "same_packet_as_host": same}
+
+
+def main_device(names, per_codec, sizes, reps, json_path) -> int:
+    """``--device cuda``: one row per codec with a device twin and size."""
+    import hpccomm
+    from numba import config, cuda
+
+    from ..device_codecs import device_codec_class
+
+    if not config.ENABLE_CUDASIM and not cuda.is_available():
+        raise SystemExit("--device cuda: numba.cuda finds no GPU (NUMBA_ENABLE_CUDASIM=1 runs "
+                         "the simulator)")
+    where = "simulator" if config.ENABLE_CUDASIM else cuda.get_current_device().name
+    where = where.decode() if isinstance(where, bytes) else where
+    print(f"# hpccomm codec benchmark on the device ({where}): GB/s of float32 input, "
+          f"median of {reps} (CUDA events)")
+    print(f"#{'codec':>23} {'n':>10} {'bits/elem':>10} {'ef GB/s':>9} {'dec GB/s':>9} "
+          f"{'memcpy':>8} {'(ef+dec)/memcpy':>16} {'=host':>6}")
+    rows = []
+    for n in sizes:
+        x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
+        for name in names:
+            if device_codec_class(name) is None:
+                print(f"{name:>24} {n:>10}  (no device twin)")
+                continue
+            codec = hpccomm.get_codec(name, **per_codec.get(name, {}))
+            r = measure_device(codec, x, reps)
+            r.update(codec=codec.describe(), n=n, gpu=where)
+            rows.append(r)
+            print(f"{codec.describe():>24} {n:>10} {r['bits_per_element']:>10.3f} "
+                  f"{r['ef_gbs']:>9.2f} {r['decode_gbs']:>9.2f} {r['memcpy_gbs']:>8.2f} "
+                  f"{r['fraction_of_memcpy']:>16.1%} {str(r['same_packet_as_host']):>6}",
+                  flush=True)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as f:
+            json.dump({"device": where, "rows": rows}, f, indent=1)
+    return 0
+
+
 def main(argv=None) -> int:
     import numba
 
@@ -101,6 +204,8 @@ def main(argv=None) -> int:
     p.add_argument("--threads", type=int, default=1, help="numba threads (default 1)")
     p.add_argument("--option", action="append", default=[], metavar="CODEC.KEY=VALUE",
                    help="codec option, e.g. --option topk.ratio=0.001 (repeatable)")
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                   help="cpu: the numba CPU kernels (default); cuda: the device twins on a GPU")
     p.add_argument("-J", "--json", default=None, metavar="FILE")
     args = p.parse_args(argv)
     numba.set_num_threads(max(1, min(args.threads, numba.config.NUMBA_NUM_THREADS)))
@@ -121,6 +226,8 @@ def main(argv=None) -> int:
     if unused:
         raise SystemExit(f"option(s) {', '.join(unused)} taken by none of the codecs")
     sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.device == "cuda":
+        return main_device(names, per_codec, sizes, args.reps, args.json)
     rows = []
     print("# hpccomm codec benchmark: GB/s of float32 input, median of "
           f"{args.reps}; numba threads: {numba.get_num_threads()}")

@@ -133,14 +133,31 @@ def to_numpy(x):
     return x
 
 
-def make_buffer(x: np.ndarray, kind: str):
-    """The benchmark input as the requested buffer type."""
+def make_buffer(x: np.ndarray, kind: str, device: str = "cpu"):
+    """The benchmark input as the requested buffer type (``torch`` on
+    ``device``: "cpu" or "cuda"; ``cupy`` is always on the GPU)."""
     if kind == "torch":
         import torch
 
-        return torch.from_numpy(x)
+        t = torch.from_numpy(x)
+        return t.to(device) if device != "cpu" else t
     if kind == "cupy":
         import cupy
 
         return cupy.asarray(x)
     return x
+
+
+def device_sync(x) -> None:
+    """Wait for the GPU work queued on ``x``'s current stream (a no-op for
+    host buffers): benchmark times of device buffers end when the result is
+    there, not when the last kernel was queued."""
+    mod = type(x).__module__
+    if mod.startswith("cupy"):
+        import cupy
+
+        cupy.cuda.get_current_stream().synchronize()
+    elif mod.startswith("torch") and x.is_cuda:
+        import torch
+
+        torch.cuda.current_stream(x.device).synchronize()
