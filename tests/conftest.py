@@ -6,5 +6,7 @@ run under ``mpiexec ... pytest --with-mpi``; tests also marked ``wide`` run at
 def pytest_configure(config):
     config.addinivalue_line("markers", "wide: MPI test that also runs at 6, 7 and 8 ranks")
     config.addinivalue_line("markers", "slow: MPI test run once, at 2 ranks (large memory)")
+    config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU (numba.cuda finds one); skips "
+                            "without")
     config.addinivalue_line("markers", "cudasim: MPI test of the device path, run under numba's "
                             "CUDA simulator (NUMBA_ENABLE_CUDASIM=1) at 1, 2 and 3 ranks")

@@ -59,7 +59,8 @@ class DeviceBackend:
         if self.device_kernels and dtype in ("float32", "float64"):
             from ..kernels import cuda_util
 
-            return cuda_util.count_nonfinite(cuda_util.as_kernel_array(obj))
+            with cuda_util.on_stream(cuda_util.stream_of(obj)):
+                return cuda_util.count_nonfinite(cuda_util.as_kernel_array(obj))
         from ..kernels.nonfinite import count_nonfinite
 
         bf16 = dtype == "bfloat16"
