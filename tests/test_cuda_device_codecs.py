@@ -77,6 +77,34 @@ def _data(n, seed, scale=1.0):
     return x
 
 
+def _order_sensitive(kind):
+    """Inputs whose float32 statistic depends on the order of the float64
+    sums (random float32 data sums exactly in float64 and cannot tell
+    orders apart): the large values put the result on a float32 rounding
+    midpoint, and tiny ones tip it only when the CPU's lanes and lane tree
+    sum them before they meet the large ones (a sequential sum drops them).
+
+    * ``"onebit"``: a column of 64 entries >= 0 (mean 0.875 + 2**-25 plus
+      eight 2**-50 in lanes 0, 8, ..., 56), after a random column and
+      before its negative;
+    * ``"qsgd"``: an l2 bucket of 33 (``sum v**2 = (1 + 2**-24)**2`` plus
+      eight ``(2**-27)**2`` in lanes 0, 4, ..., 28), likewise;
+    * ``"terngrad"``: 1000 plus multiples of 2**-14, whose variance only
+      the shifted moments (``v - v[0]``) keep."""
+    rng = np.random.default_rng(21)
+    if kind == "terngrad":
+        return (1000 + rng.integers(-20, 21, 96) * 2.0 ** -14).astype(np.float32)
+    if kind == "onebit":
+        col = np.ones(64, np.float32)
+        col[3] = 1 + 2.0 ** -19
+        col[::8] = 2.0 ** -50
+    else:
+        col = np.zeros(33, np.float32)
+        col[[1, 3, 5, 7]] = 1, 2.0 ** -12, 2.0 ** -12, 2.0 ** -24
+        col[0:32:4] = 2.0 ** -27
+    return np.concatenate([rng.standard_normal(col.size).astype(np.float32), col, -col])
+
+
 def _same(a, b):
     """Bitwise equality of float32 / uint8 arrays (NaN payloads included)."""
     a, b = np.asarray(a), np.asarray(b)
@@ -322,6 +350,9 @@ def check_onebit():
 
         codec = hpccomm.get_codec("onebit", col_len=col_len)
         _sweep(codec, ctx_for=ctx_for, big=1000 if col_len in (None, 37) else None)
+    t = _Twin(hpccomm.get_codec("onebit", col_len=64))
+    for ctx in _contexts():
+        _check_encode(t, _order_sensitive("onebit"), None, ctx)
     _check_nonfinite("onebit", col_len=5)
     _check_nonfinite("onebit", col_len=32)
 
@@ -332,9 +363,10 @@ def check_terngrad():
 
     for clip in (2.5, None):
         _sweep(hpccomm.get_codec("terngrad", clip=clip), big=1000 if clip else None)
-    # constant and all-zero input: sigma == 0 and s == 0
+    # constant and all-zero input: sigma == 0 and s == 0; a large mean
     t = _Twin(hpccomm.get_codec("terngrad"))
     for ctx in _contexts():
+        _check_encode(t, _order_sensitive("terngrad"), None, ctx)
         _check_encode(t, np.full(50, 0.75, np.float32), None, ctx)
         _check_encode(t, np.zeros(50, np.float32), np.zeros(50, np.float32), ctx)
     _check_nonfinite("terngrad")
@@ -353,6 +385,9 @@ def check_qsgd():
         x = np.zeros(50, np.float32)
         x[20:] = 1e-3
         _check_encode(t, x, None, ctx)             # an all-zero bucket, then a constant one
+    t = _Twin(hpccomm.get_codec("qsgd", bits=4, bucket=33))
+    for ctx in _contexts():
+        _check_encode(t, _order_sensitive("qsgd"), None, ctx)
     _check_nonfinite("qsgd", bits=4, bucket=16)
     _check_nonfinite("qsgd", bits=2, bucket=7, norm="max")
 
