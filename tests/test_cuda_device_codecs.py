@@ -13,6 +13,7 @@ Each check runs in a fresh interpreter with ``NUMBA_ENABLE_CUDASIM=1`` (see
   packets: the host's three steps (rank-order ``decode_add`` from zeros, ``+
   e``, ``reencode``, residual, decode) and the host's fused ``owner_step``;
 * ``decode`` and ``decode(add=True)`` into a non-zero ``out``;
+* the fused methods against the base class's three device steps;
 * NaN / Inf: :class:`~hpccomm.errors.NonFiniteError` under
   ``nonfinite="raise"``, the host's very bytes under ``"propagate"``.
 
@@ -214,6 +215,24 @@ def _check_owner(t, packets, e, with_eout, ctx, m):
         assert h_eout is None or _same(got[1], h_eout), what
 
 
+def _check_base_path(t, x, e, packets, ctx):
+    """The twin's fused methods against the base class's three steps on the
+    device (its ``_encode``, ``_decode_into`` with subtract, ``reencode``)."""
+    from hpccomm.device_codecs.base import DeviceCodec
+
+    n = x.size
+    fused = t.encode(x, e, True, ctx)
+    e_out = t.put(np.zeros(n, np.float32))
+    packet = t.get(DeviceCodec.encode_with_feedback(t.dev, t.put(x), t.put(e), e_out, ctx))
+    assert _same(packet, fused[0]) and _same(t.get(e_out), fused[1]), ("base path", t.codec)
+    fused = t.owner_m(packets, e, True, ctx, n)
+    e_out, out = t.put(np.zeros(n, np.float32)), t.put(np.zeros(n, np.float32))
+    packet = t.get(DeviceCodec.owner_step(t.dev, [t.put(p) for p in packets], t.put(e), e_out,
+                                          out, ctx))
+    assert _same(packet, fused[0]) and _same(t.get(e_out), fused[1]) \
+        and _same(t.get(out), fused[2]), ("base owner path", t.codec)
+
+
 def _sweep(codec, sizes=SIZES, ctx_for=None, big=None):
     """Encode, owner step and decode of ``codec`` for each size: e None /
     random, e_out None / a buffer, the contexts in turn, 1-3 received packets
@@ -234,6 +253,8 @@ def _sweep(codec, sizes=SIZES, ctx_for=None, big=None):
                    for k in range(nrecv)]
         for e_, with_eout in ((None, False), (e, True), (None, True), (e, False)):
             _check_owner(t, packets, e_, with_eout, ctx, n)
+        if idx == 3:
+            _check_base_path(t, x, e, packets, ctx)
     if big:
         n = big
         ctx = contexts[1] if ctx_for is None else ctx_for(contexts[1], n)
