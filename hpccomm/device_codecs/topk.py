@@ -183,7 +183,8 @@ class PairDevice(DeviceCodec):
     def _views(packet, n: int, m: int):
         b = index_dtype(n).itemsize
         cut = HEADER_SIZE + b * m
-        return packet[HEADER_SIZE:cut].view(index_dtype(n)), packet[cut:cut + 4 * m].view(np.float32)
+        return (packet[HEADER_SIZE:cut].view(index_dtype(n)),
+                packet[cut:cut + 4 * m].view(np.float32))
 
     def _header_error(self, packet, n: int):
         """Raise the host codec's PacketError for the header of ``packet``."""

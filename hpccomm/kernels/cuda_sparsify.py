@@ -193,12 +193,13 @@ def scatter_sign_words(words, tau, out, add):
 #
 # Kernels of the device twins of ``topk`` and ``dgc``
 # (:mod:`hpccomm.device_codecs.topk`, :mod:`hpccomm.device_codecs.dgc`).  A
-# block covers RUN_TILE = THREADS * RUN consecutive elements, RUN per thread:
-# the order-free kernels (compensate, gather, histograms, counts, scatters,
-# checks) take element ``base + r * THREADS + tid`` in round ``r`` (coalesced);
-# the compaction gives each thread the contiguous run ``[base + tid * RUN,
-# base + (tid + 1) * RUN)``, so that one serial scan of the per-thread counts
-# by thread 0 orders the block's output by index (two syncthreads per block).
+# block of TOPK_THREADS covers RUN_TILE = TOPK_THREADS * RUN consecutive
+# elements, RUN per thread: the order-free kernels (compensate, gather,
+# histograms, counts, scatters, checks) take element ``base + r *
+# TOPK_THREADS + tid`` in round ``r`` (coalesced); the compaction gives each
+# thread the contiguous run ``[base + tid * RUN, base + (tid + 1) * RUN)``,
+# so that one serial scan of the per-thread counts by thread 0 orders the
+# block's output by index (two syncthreads per block).
 #
 # Classes of an element ``v`` at threshold ``t`` (a float32 read from device
 # memory, ``tf[0]``): *above* ``|v| > t``, *tie* ``|v| == t and v != 0``
@@ -219,10 +220,13 @@ def scatter_sign_words(words, tau, out, add):
 # rank still wanted inside it -- at the end the number of elements equal to
 # the result that belong to the top ``k``.  Nothing comes to the host.
 # ---------------------------------------------------------------------------
+#: threads per block of the kernels below (the simulator: small blocks, so
+#: that short test vectors span several blocks at little cost)
+TOPK_THREADS = 8 if config.ENABLE_CUDASIM else 256
 #: elements per thread of the kernels below
 RUN = 16 if config.ENABLE_CUDASIM else 64
 #: elements per block of the kernels below
-RUN_TILE = THREADS * RUN
+RUN_TILE = TOPK_THREADS * RUN
 #: "keep every tie" for :func:`compact_classes`
 ALL = 1 << 62
 _ABS = 0x7FFFFFFF
@@ -238,7 +242,7 @@ def run_tiles(count: int) -> int:
 
 
 def _launch_blocks(kernel, blocks, *args):
-    _launch(kernel, blocks * THREADS, *args)
+    launch(TOPK_THREADS, kernel, blocks * TOPK_THREADS, *args)
 
 
 @cuda.jit
@@ -246,7 +250,7 @@ def _fill_runs(out, value):
     n = out.size
     base = cuda.blockIdx.x * RUN_TILE + cuda.threadIdx.x
     for r in range(RUN):
-        i = base + r * THREADS
+        i = base + r * TOPK_THREADS
         if i < n:
             out[i] = value
 
@@ -263,7 +267,7 @@ def _compensate_runs(x, e, has_e, v, write_v, info):
     base = cuda.blockIdx.x * RUN_TILE + cuda.threadIdx.x
     bad = 0
     for r in range(RUN):
-        i = base + r * THREADS
+        i = base + r * TOPK_THREADS
         if i < n:
             a = x[i]
             if has_e:
@@ -289,7 +293,7 @@ def _gather_strided(bits, start, stride, out):
     s = out.size
     base = cuda.blockIdx.x * RUN_TILE + cuda.threadIdx.x
     for r in range(RUN):
-        j = base + r * THREADS
+        j = base + r * TOPK_THREADS
         if j < s:
             out[j] = bits[start + j * stride]
 
@@ -309,7 +313,7 @@ def _radix_init(st, k, hist):
     if tid == 0:
         st[0] = 0
         st[1] = k
-    for b in range(tid, hist.size, THREADS):
+    for b in range(tid, hist.size, TOPK_THREADS):
         hist[b] = 0
 
 
@@ -318,7 +322,7 @@ def _radix_hist(bits, st, shift, width, hist):
     sh = cuda.shared.array(RADIX_BINS, int32)
     tid = cuda.threadIdx.x
     nb = 1 << width
-    for b in range(tid, nb, THREADS):
+    for b in range(tid, nb, TOPK_THREADS):
         sh[b] = 0
     cuda.syncthreads()
     top = shift + width
@@ -327,13 +331,13 @@ def _radix_hist(bits, st, shift, width, hist):
     n = bits.size
     base = cuda.blockIdx.x * RUN_TILE + tid
     for r in range(RUN):
-        i = base + r * THREADS
+        i = base + r * TOPK_THREADS
         if i < n:
             u = np.int64(bits[i]) & _ABS
             if (u >> top) == want:
                 cuda.atomic.add(sh, (u >> shift) & mask, 1)
     cuda.syncthreads()
-    for b in range(tid, nb, THREADS):
+    for b in range(tid, nb, TOPK_THREADS):
         c = sh[b]
         if c:
             cuda.atomic.add(hist, b, np.int64(c))
@@ -341,9 +345,9 @@ def _radix_hist(bits, st, shift, width, hist):
 
 @cuda.jit
 def _radix_pick(hist, shift, width, st):
-    sums = cuda.shared.array(THREADS, int64)
+    sums = cuda.shared.array(TOPK_THREADS, int64)
     tid = cuda.threadIdx.x
-    chunk = (1 << width) // THREADS
+    chunk = (1 << width) // TOPK_THREADS
     lo = tid * chunk
     c = 0
     for b in range(lo, lo + chunk):
@@ -353,7 +357,7 @@ def _radix_pick(hist, shift, width, st):
     if tid == 0:
         rem = st[1]
         cum = 0
-        t = THREADS - 1                 # the chunk holding the rem-th largest ...
+        t = TOPK_THREADS - 1            # the chunk holding the rem-th largest ...
         while t > 0 and cum + sums[t] < rem:
             cum += sums[t]
             t -= 1
@@ -384,8 +388,8 @@ def radix_select(bits, k, st, hist):
 
 @cuda.jit
 def _count_classes(vals, tf, counts):
-    sa = cuda.shared.array(THREADS, int64)
-    sb = cuda.shared.array(THREADS, int64)
+    sa = cuda.shared.array(TOPK_THREADS, int64)
+    sb = cuda.shared.array(TOPK_THREADS, int64)
     t = tf[0]
     n = vals.size
     tid = cuda.threadIdx.x
@@ -393,7 +397,7 @@ def _count_classes(vals, tf, counts):
     a = 0
     b = 0
     for r in range(RUN):
-        i = base + r * THREADS
+        i = base + r * TOPK_THREADS
         if i < n:
             v = vals[i]
             m = abs(v)
@@ -407,7 +411,7 @@ def _count_classes(vals, tf, counts):
     if tid == 0:
         ta = 0
         tb = 0
-        for j in range(THREADS):
+        for j in range(TOPK_THREADS):
             ta += sa[j]
             tb += sb[j]
         counts[2 * cuda.blockIdx.x] = ta
@@ -423,8 +427,8 @@ def count_classes(vals, tf, counts):
 
 @cuda.jit
 def _compact_classes(vals, src, has_src, tf, q, tie_base, starts, out_idx, out_vals):
-    sa = cuda.shared.array(THREADS, int64)
-    sb = cuda.shared.array(THREADS, int64)
+    sa = cuda.shared.array(TOPK_THREADS, int64)
+    sb = cuda.shared.array(TOPK_THREADS, int64)
     t = tf[0]
     n = vals.size
     tid = cuda.threadIdx.x
@@ -446,7 +450,7 @@ def _compact_classes(vals, src, has_src, tf, q, tie_base, starts, out_idx, out_v
     if tid == 0:                        # thread j's output start and first tie rank
         tb = tie_base[blk]
         pos = starts[blk]
-        for j in range(THREADS):
+        for j in range(TOPK_THREADS):
             aj = sa[j]
             bj = sb[j]
             keep = min(max(q - tb, 0), bj)
@@ -507,7 +511,7 @@ def _scatter_runs(out, idx, vals, mode):
     m = idx.size
     base = cuda.blockIdx.x * RUN_TILE + cuda.threadIdx.x
     for r in range(RUN):
-        j = base + r * THREADS
+        j = base + r * TOPK_THREADS
         if j < m:
             i = idx[j]
             if mode == 0:
@@ -541,7 +545,7 @@ def _check_pairs(packet, idx, n, m, version, codec_id, flags, slot):
     base = cuda.blockIdx.x * RUN_TILE + tid
     bad = 0
     for r in range(RUN):
-        j = base + r * THREADS
+        j = base + r * TOPK_THREADS
         if j < m:
             i = np.int64(idx[j])
             prev = np.int64(-1)
