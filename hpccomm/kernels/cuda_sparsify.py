@@ -434,7 +434,9 @@ def _compact_classes(vals, src, has_src, tf, q, tie_base, starts, out_idx, out_v
     tid = cuda.threadIdx.x
     blk = cuda.blockIdx.x
     lo = blk * RUN_TILE + tid * RUN
-    hi = min(lo + RUN, n)
+    hi = lo + RUN
+    if hi > n:
+        hi = n
     a = 0
     b = 0
     for i in range(lo, hi):
@@ -453,7 +455,11 @@ def _compact_classes(vals, src, has_src, tf, q, tie_base, starts, out_idx, out_v
         for j in range(TOPK_THREADS):
             aj = sa[j]
             bj = sb[j]
-            keep = min(max(q - tb, 0), bj)
+            keep = q - tb               # min(max(q - tb, 0), bj)
+            if keep > bj:
+                keep = bj
+            if keep < 0:
+                keep = 0
             sa[j] = pos
             sb[j] = tb
             pos += aj + keep
