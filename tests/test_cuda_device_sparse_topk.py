@@ -385,6 +385,27 @@ def check_decode_and_malformed():
                 _same(d.copy_to_host(), expect, f"{name} decode add={add} n={n}")
             if n < 33:
                 continue
+            # the building blocks through the base class's unfused composition
+            from hpccomm.device_codecs.base import DeviceCodec
+
+            ctx = _ctx(rng, True)
+            _same(dev._encode(cuda.to_device(x), ctx).copy_to_host(), codec.encode(x, ctx),
+                  f"{name} _encode n={n}")
+            e = _data("ties", n, 3)
+            ref, residual = _host_feedback(codec, x, e, True, ctx)
+            res = cuda.device_array(n, np.float32)
+            got = DeviceCodec.encode_with_feedback(dev, cuda.to_device(x), cuda.to_device(e), res,
+                                                   ctx)
+            _same(got.copy_to_host(), ref, f"{name} base encode_with_feedback n={n}")
+            _same(res.copy_to_host(), residual, f"{name} base residual n={n}")
+            received = [codec.encode(_data("gauss", n, j), _ctx(rng)) for j in range(2)]
+            ref, residual, out = _host_owner(codec, received, e, True, ctx, n)
+            d = cuda.device_array(n, np.float32)
+            got = DeviceCodec.owner_step(dev, [cuda.to_device(p) for p in received],
+                                         cuda.to_device(e), res, d, ctx)
+            _same(got.copy_to_host(), ref, f"{name} base owner_step n={n}")
+            _same(res.copy_to_host(), residual, f"{name} base owner residual n={n}")
+            _same(d.copy_to_host(), out, f"{name} base owner out n={n}")
             for what, bad in _corruptions(codec, packet, n):
                 with pytest.raises(PacketError) as host_err:
                     codec.decode(bad, np.empty(n, np.float32))

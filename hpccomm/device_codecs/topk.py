@@ -44,9 +44,12 @@ candidates.
 Host round trips per encode: one copy back of ``8 (4 + 2 B)`` bytes, ``B =
 ceil(n / RUN_TILE)`` blocks (the threshold's bits, the NaN/Inf count, the
 per-block counts), and the block offsets to the device (``16 B`` bytes);
-with more than ``k`` candidates one more of each over the candidates; the
-``exact`` fallback one more.  The packet's size is known on the host after
-the first.  ``dgc`` adds one per threshold decay.
+with more than ``k`` candidates one more of each over the candidates' ``ceil(m
+/ RUN_TILE)`` blocks; the ``exact`` fallback one more copy back.  The
+packet's size is known on the host after the first; a NaN/Inf found by the
+compensate pass raises NonFiniteError there, before a packet exists (``e_out``
+then holds ``v``, as on the host).  ``dgc`` adds one copy back per threshold
+decay.
 
 ``owner_step``: every received packet is validated first (one check kernel
 per packet, one ``4 P``-byte copy back), then ``out = 0`` and one
@@ -58,12 +61,14 @@ these codecs, so the owner keeps no copy of ``acc``.
 
 Decoding a received packet: the header fields, the count (``m <= k``, from
 the packet's size) and the indices (strictly increasing inside ``[0, n)``)
-are checked by one kernel that raises flags; one ``int32`` comes back, and
-on a flag the same :class:`~hpccomm.errors.PacketError` as the host's is
-raised (header faults by the host codec's own ``check_header`` on a copy of
-the leading bytes) before anything is written.  Packets are read through
-typed views of the uint8 array, so a packet must start at an 8-byte aligned
-address (as :class:`~hpccomm.device_codecs.base.NoneDevice` assumes).
+are checked by one kernel that raises flags; one ``int32`` comes back (per
+packet), and on a flag the same :class:`~hpccomm.errors.PacketError` as the
+host's is raised (header faults by the host codec's own ``check_header`` on
+a copy of the leading bytes) before anything is written; then a fill (plain
+decode only) and one scatter.  Packets are read through typed views of the
+uint8 array, so a packet must start at an address aligned for its indices
+(4 bytes; 8 for int64 indices), as
+:class:`~hpccomm.device_codecs.base.NoneDevice` assumes for its values.
 
 Ordering: outputs are positioned by integer prefix counts, values are
 copied (never recomputed), residuals and sums are one float32 operation per

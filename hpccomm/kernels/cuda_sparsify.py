@@ -34,7 +34,7 @@ from functools import partial
 import numpy as np
 from numba import config, cuda, int32, int64
 
-from .cuda_util import current_stream, launch, to_device
+from .cuda_util import launch, to_device
 
 #: threads per block (the simulator runs one Python thread per CUDA thread)
 THREADS = 32 if config.ENABLE_CUDASIM else 256
@@ -505,7 +505,7 @@ def compact_classes(vals, src, tf, q, counts):
     def run(out_idx, out_vals):
         if m == 0:
             return
-        plan = cuda.to_device(np.concatenate([starts, tie_base]), stream=current_stream())
+        plan = _device(np.concatenate([starts, tie_base]))
         _launch_blocks(_compact_classes, blocks, vals, out_idx if src is None else src,
                        src is not None, tf, np.int64(q), plan[blocks:], plan[:blocks],
                        out_idx, out_vals)
