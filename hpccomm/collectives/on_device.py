@@ -55,6 +55,8 @@ from .base import Algorithm
 
 #: algorithms whose steps run on the device
 DEVICE_ALGORITHMS = ("twoshot", "allgather")
+#: byte alignment of every packet in the pipeline's device buffers
+ALIGN = 8
 
 
 def why_not_on_device(algorithm: Algorithm, codec: Codec, memory: Memory, dtype: str) -> str:
@@ -201,12 +203,20 @@ class DevicePath:
         for head, size, m in zip(heads, sizes, lengths):
             self.codec.check_header(head, m, size)
 
-    def _device_views(self, dev, counts: List[int]) -> list:
-        views, off = [], 0
+    @staticmethod
+    def _aligned(counts: List[int]) -> List[int]:
+        """Offsets of packets of ``counts`` bytes laid out one after the other
+        in device memory, each at a multiple of :data:`ALIGN` bytes (the
+        twins read payloads through typed views: a float32 or int64 field at
+        an odd address faults on a GPU)."""
+        offsets, off = [], 0
         for c in counts:
-            views.append(dev[off:off + c])
-            off += c
-        return views
+            offsets.append(off)
+            off += -(-c // ALIGN) * ALIGN
+        return offsets + [off]
+
+    def _device_views(self, dev, counts: List[int], offsets: List[int]) -> list:
+        return [dev[o:o + c] for o, c in zip(offsets, counts)]
 
     def _scratch(self, name: str, nbytes: int):
         buf = self._recv.get(name)
@@ -230,14 +240,18 @@ class DevicePath:
         return views
 
     def _to_device(self, received, slot: str, call) -> list:
-        """A received host buffer copied once to the device, as packet views."""
+        """Received host packets copied to the device (one copy each, to
+        aligned offsets), as packet views."""
         counts = [int(p.size) for p in received]
-        dev = self._scratch(slot, sum(counts))
+        offsets = self._aligned(counts)
+        dev = self._scratch(slot, offsets[-1])
+        views = self._device_views(dev, counts, offsets)
         with call.time("comm"):
-            if dev.size:
-                self.U.from_host(received.buffer[:dev.size], dev)
-        call.extra["staged_h2d"] += dev.size
-        return self._device_views(dev, counts)
+            for view, packet in zip(views, received):
+                if packet.size:
+                    self.U.from_host(packet, view)
+        call.extra["staged_h2d"] += sum(counts)
+        return views
 
     def _heads(self, dev_packets: list, call) -> List[np.ndarray]:
         """The leading bytes of device packets, for the header check."""
@@ -261,16 +275,18 @@ class DevicePath:
             self._check(list(received), [p.size for p in received], [m] * P)
             return self._to_device(received, "recv", call)
         send_counts = [int(p.size) for p in packets]
-        sendbuf = self._scratch("send", sum(send_counts))
-        for view, p in zip(self._device_views(sendbuf, send_counts), packets):
+        send_offsets = self._aligned(send_counts)
+        sendbuf = self._scratch("send", send_offsets[-1])
+        for view, p in zip(self._device_views(sendbuf, send_counts, send_offsets), packets):
             self.U.copy(p, view)
         recv_counts = (net.alltoall_counts(send_counts) if recv_sizes is None
                        else [int(c) for c in recv_sizes])
-        recvbuf = self._scratch("recv", sum(recv_counts))
+        recv_offsets = self._aligned(recv_counts)
+        recvbuf = self._scratch("recv", recv_offsets[-1])
         self.U.synchronize()                 # MPI reads what the kernels wrote
-        net.alltoallv_device(self.U.mpi_buffer(sendbuf), send_counts,
-                             self.U.mpi_buffer(recvbuf), recv_counts)
-        views = self._device_views(recvbuf, recv_counts)
+        net.alltoallv_device(self.U.mpi_buffer(sendbuf), send_counts, send_offsets[:-1],
+                             self.U.mpi_buffer(recvbuf), recv_counts, recv_offsets[:-1])
+        views = self._device_views(recvbuf, recv_counts, recv_offsets)
         self._check(self._heads(views, call), recv_counts, [m] * P)
         return views
 
@@ -284,9 +300,11 @@ class DevicePath:
             self._check(list(gathered), [p.size for p in gathered], lengths)
             return self._to_device(gathered, "gathered", call)
         counts = net.allgather_counts(int(packet.size)) if sizes is None else list(sizes)
-        recvbuf = self._scratch("gathered", sum(counts))
+        offsets = self._aligned(counts)
+        recvbuf = self._scratch("gathered", offsets[-1])
         self.U.synchronize()
-        net.allgatherv_device(self.U.mpi_buffer(packet), self.U.mpi_buffer(recvbuf), counts)
-        views = self._device_views(recvbuf, counts)
+        net.allgatherv_device(self.U.mpi_buffer(packet), self.U.mpi_buffer(recvbuf), counts,
+                              offsets[:-1])
+        views = self._device_views(recvbuf, counts, offsets)
         self._check(self._heads(views, call), counts, lengths)
         return views

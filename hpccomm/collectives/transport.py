@@ -454,13 +454,14 @@ class Transport:
             raise ValueError("a device-memory collective of more than 2**31 - 1 bytes needs "
                              "MPI-4 large counts; this MPI library has none")
 
-    def alltoallv_device(self, sendbuf, send_counts: Sequence[int], recvbuf,
-                         recv_counts: Sequence[int]) -> None:
+    def alltoallv_device(self, sendbuf, send_counts: Sequence[int], send_displs: Sequence[int],
+                         recvbuf, recv_counts: Sequence[int],
+                         recv_displs: Sequence[int]) -> None:
         """``MPI_Alltoallv`` of bytes between device buffers: ``send_counts[j]``
-        consecutive bytes of ``sendbuf`` to rank ``j``, ``recv_counts[j]`` from
-        rank ``j`` into ``recvbuf``, in rank order."""
+        bytes at ``send_displs[j]`` of ``sendbuf`` to rank ``j``,
+        ``recv_counts[j]`` from rank ``j`` to ``recv_displs[j]`` of ``recvbuf``."""
         send_counts, recv_counts = [int(c) for c in send_counts], [int(c) for c in recv_counts]
-        sd, rd = _prefix(send_counts), _prefix(recv_counts)
+        sd, rd = [int(d) for d in send_displs], [int(d) for d in recv_displs]
         self._device_counts_fit(send_counts, sd)
         self._device_counts_fit(recv_counts, rd)
         with self.call.time("comm"):
@@ -469,11 +470,11 @@ class Transport:
         r = self.rank
         self._count(sum(send_counts) - send_counts[r], sum(recv_counts) - recv_counts[r])
 
-    def allgatherv_device(self, sendbuf, recvbuf, counts: Sequence[int]) -> None:
+    def allgatherv_device(self, sendbuf, recvbuf, counts: Sequence[int],
+                          displs: Sequence[int]) -> None:
         """``MPI_Allgatherv`` of bytes between device buffers: rank ``j``'s
-        ``counts[j]`` bytes at their prefix-sum offset of ``recvbuf``."""
-        counts = [int(c) for c in counts]
-        displs = _prefix(counts)
+        ``counts[j]`` bytes to ``displs[j]`` of ``recvbuf``."""
+        counts, displs = [int(c) for c in counts], [int(d) for d in displs]
         self._device_counts_fit(counts, displs)
         with self.call.time("comm"):
             self.comm.Allgatherv([sendbuf, counts[self.rank], MPI.BYTE],
