@@ -250,6 +250,14 @@ def check_randk_indices():
             idx = twin.indices(key, n, k)
             _same(U.to_host(idx), random_indices(key, n, k), f"indices n={n} k={k}")
             assert twin.indices(key, n, k) is idx
+    # a set made on one stream, used on another
+    from numba import cuda
+
+    key = index_key(3, 4, 5)
+    with U.on_stream(cuda.stream()):
+        idx = twin.indices(key, 500, 50)
+    assert twin.indices(key, 500, 50) is idx
+    _same(U.to_host(idx), random_indices(key, 500, 50), "indices across streams")
 
 
 # ---------------------------------------------------------------------------

@@ -10,7 +10,8 @@ the ``n``-bit bitmap before, and two segment passes over the bitmap and a
 scan after (the indices come out sorted), run in parallel.  The indices
 depend on ``(key, n, k)`` alone: the twin keeps the last :data:`CACHE` of
 them on the device (a step's encode, the owner's decodes and its reencode
-share one key per chunk).
+share one key per chunk), with an event that a call on another stream waits
+for.
 
 Per encode: the ``v = x + e`` pass (``e_out``), a NaN/Inf count (one pass,
 **one round trip** of 8 bytes, skipped under ``ctx.finite`` or
@@ -35,6 +36,7 @@ from __future__ import annotations
 from collections import OrderedDict
 
 import numpy as np
+from numba import cuda
 
 from ..codecs.randk import PREFIX, RandK, index_key
 from ..codecs.sparsifier import index_dtype
@@ -56,14 +58,22 @@ class RandKDevice(SparseDevice):
         self._indices: "OrderedDict[tuple, object]" = OrderedDict()
 
     def indices(self, key: int, n: int, k: int):
-        """The ``k`` sorted indices of ``key`` (a device array, cached)."""
+        """The ``k`` sorted indices of ``key`` (a device array, cached).  A
+        set made on another stream is waited for (an event) before the
+        current stream uses it."""
         slot = (int(key), n, k)
-        idx = self._indices.get(slot)
-        if idx is not None:
+        stream = U.current_stream()
+        hit = self._indices.get(slot)
+        if hit is not None:
+            idx, made_on, done = hit
             self._indices.move_to_end(slot)
+            if made_on is not stream:
+                done.wait(stream)
             return idx
         idx = S.floyd_indices(key, n, U.empty(k, index_dtype(n)), self.scratch)
-        self._indices[slot] = idx
+        done = cuda.event()
+        done.record(stream)
+        self._indices[slot] = (idx, stream, done)
         if len(self._indices) > CACHE:
             self._indices.popitem(last=False)
         return idx
