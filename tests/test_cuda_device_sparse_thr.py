@@ -194,6 +194,40 @@ def check_threshold_encode():
     capped = [(c, n) for c, n, p in packets
               if n >= 33 and int(p[4:8].view(np.uint32)[0]) == c.max_count(n)]
     assert len(capped) >= 4, capped
+    # a cut on a radix bin's edge: exactly cap = 10 candidates in the top bin
+    # (3.0 .. 3.9 share their top 8 bits), 30 more below it
+    U = _setup()
+    from hpccomm.codecs.base import EncodeContext
+
+    codec, twin = _twin("threshold", tau=0.5, max_ratio=0.1)
+    rng = np.random.default_rng(0)
+    for top in (np.full(10, 3.0), np.linspace(3.0, 3.9, 10)):
+        x = (rng.random(100) * 0.8 - 0.4).astype(np.float32)
+        at = rng.permutation(100)[:40]
+        x[at] = np.concatenate([top, np.full(30, 1.0)]) * rng.choice([-1, 1], 40)
+        for fb, with_e, with_resid in FORMS[::3]:
+            _encode_case_values(U, codec, twin, x, np.zeros(100, np.float32) if with_e else None,
+                                EncodeContext(feedback=fb), with_resid)
+
+
+def check_sum_squares():
+    """Threshold's float64 sum of squares, bit for bit with the CPU's (lanes,
+    tail, blocks of 65536 in order), on magnitudes wide enough that another
+    order changes the bits."""
+    U = _setup()
+    from hpccomm.kernels import cuda_select as S
+    from hpccomm.kernels.sparsify import sum_squares
+
+    codec, twin = _twin("threshold")
+    rng = np.random.default_rng(1)
+    for n in (1, 7, 9, 100, 65536 + 3, 2 * 65536 + 17):
+        g = (rng.standard_normal(n) * 10.0 ** rng.integers(-6, 7, n)).astype(np.float32)
+        tau = U.empty(1, np.float32)
+        S.threshold_tau(U.to_device(g), 2.5, tau, twin.scratch)
+        got = U.to_host(twin.scratch("ss", 1, np.float64))[0]
+        want = sum_squares(g)
+        assert got.view(np.uint64) == np.float64(want).view(np.uint64), (n, got, want)
+        assert U.to_host(tau)[0] == np.float32(2.5 * np.sqrt(want / n)), n
 
 
 ADAPTIVE_SETS = [{"proportion": 2, "col_len": 50, "samples": 16},
@@ -475,12 +509,16 @@ def check_nonfinite():
         _same(U.to_host(d_resid), resid, f"propagate owner e_out {name}")
 
 
-def _encode_case_values(U, codec, twin, x, e, ctx):
+def _encode_case_values(U, codec, twin, x, e, ctx, with_resid=True):
+    """encode_with_feedback of given ``x`` and ``e`` against the host."""
     packet, resid = _host_encode(codec, x, e, ctx)
-    d_resid = U.empty(x.size, np.float32)
-    got = twin.encode_with_feedback(U.to_device(x), U.to_device(e), d_resid, ctx)
-    _same(U.to_host(got), packet, f"propagate packet {codec.describe()}")
-    _same(U.to_host(d_resid), resid, f"propagate e_out {codec.describe()}")
+    d_resid = U.empty(x.size, np.float32) if with_resid else None
+    got = twin.encode_with_feedback(U.to_device(x), None if e is None else U.to_device(e),
+                                    d_resid, ctx)
+    what = f"{codec.describe()} {ctx} e={e is not None}"
+    _same(U.to_host(got), packet, f"packet of {what}")
+    if with_resid:
+        _same(U.to_host(d_resid), resid, f"e_out of {what}")
 
 
 # ---------------------------------------------------------------------------
@@ -514,7 +552,7 @@ def check_kernels_compile():
         "_scan_top": [(A(i64), A(i64), i64)],
         "_scan_apply": [(A(i64), A(i64), A(i64))],
         "_ss_lanes": [(A(f32), A(f64))],
-        "_ss_tau": [(A(f32), A(f64), f64, A(f32))],
+        "_ss_tau": [(A(f32), A(f64), f64, A(f32), A(f64))],
         "_count_select": [(A(f32), A(u32), A(f32), A(i64), A(i64), A(i64), A(i64), b1)],
         "_radix_hist": [(A(f32), A(u32), A(f32), A(i64), i64, A(i64))],
         "_radix_pick": [(A(i64), A(i64), i64)],
@@ -558,7 +596,8 @@ def check_kernels_compile():
 # ---------------------------------------------------------------------------
 # tests
 # ---------------------------------------------------------------------------
-@pytest.mark.parametrize("check", ["check_threshold_encode", "check_adaptive_encode",
+@pytest.mark.parametrize("check", ["check_threshold_encode", "check_sum_squares",
+                                   "check_adaptive_encode",
                                    "check_randk_encode", "check_randk_indices",
                                    "check_owner_step", "check_decode", "check_malformed",
                                    "check_nonfinite"])

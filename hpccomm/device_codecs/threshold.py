@@ -74,7 +74,7 @@ class ThresholdDevice(SparseDevice):
         status = self.zeroed("status", 3)
         sel = S.Selection(v, tau, status, self.scratch)
         sel.count(check)
-        bad, m = (int(a) for a in U.to_host(status)[:2])
+        bad, m = (int(a) for a in U.to_host(status[:2]))
         self.raise_nonfinite(bad)
         cap = self.codec.max_count(n)
         if m > cap:

@@ -228,7 +228,7 @@ def _ss_lanes(g, parts):
 
 
 @cuda.jit
-def _ss_tau(g, parts, alpha, tau):
+def _ss_tau(g, parts, alpha, tau, ss):
     if cuda.grid(1) != 0:
         return
     n = g.size
@@ -243,6 +243,7 @@ def _ss_tau(g, parts, alpha, tau):
             v = np.float64(g[i])
             s += _dmul_rn(v, v)
         total += s
+    ss[0] = total
     t = _dmul_rn(alpha, math.sqrt(total / n))
     if t <= F32_MAX:
         tau[0] = np.float32(t)
@@ -253,11 +254,12 @@ def _ss_tau(g, parts, alpha, tau):
 def threshold_tau(g, alpha, tau, scratch):
     """``tau[0] = float32(alpha * sqrt(sum(g_i^2) / n))`` (``inf`` beyond
     float32, or when the sum is NaN), the sum in
-    :func:`hpccomm.kernels.sparsify.sum_squares`'s order; ``g`` not empty.
-    One pass over ``g``, nothing back to the host."""
+    :func:`hpccomm.kernels.sparsify.sum_squares`'s order (left in
+    ``scratch("ss", 1, float64)``); ``g`` not empty.  One pass over ``g``,
+    nothing back to the host."""
     parts = scratch("ss_parts", LANES * segments(g.size, BLOCK), np.float64)
     _launch(_ss_lanes, parts.size, g, parts)
-    _single(_ss_tau, g, parts, np.float64(alpha), tau)
+    _single(_ss_tau, g, parts, np.float64(alpha), tau, scratch("ss", 1, np.float64))
     return tau
 
 
