@@ -40,7 +40,7 @@ into an FMA, rounding once); divisions and ``sqrt`` are IEEE (``div.rn``,
 ``sqrt.rn``) in numba's default (non fast-math) mode.
 
 Kernels do no bounds checks on what they are handed: decoders run a
-validating kernel (:func:`check_sign_words`, :func:`adaptive_check`) whose
+validating kernel (:func:`check_sign_words`, :meth:`AdaptiveReader.check`) whose
 flag the host reads before anything is scattered.
 
 Import this module only where a GPU (or the simulator,
