@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the measurements of docs/results.md (run from the repository root,
 # as root for the netem part, with nothing else running: 2 cores are shared).
-#   ./docs/results.sh [codecs|shm|sparse|netem|train|train_extra|plots ...]   (default: all)
+#   ./docs/results.sh [codecs|shm|sparse|netem|train|train_extra|device|plots ...]   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -11,6 +11,10 @@ ALL=none,fp16,bf16,onebit,threshold,adaptive,terngrad,qsgd,topk,randk,dgc
 SPARSE=sparse_allgather,sparse_rd,sparse_split,kylix,sparse_op,rle_pipeline,oktopk
 bench() { mpiexec -n "$1" python -m mpi4py -m hpccomm.bench "${@:2}"; }
 
+device() {
+  mpiexec -n 3 env NUMBA_ENABLE_CUDASIM=1 python docs/device_staging.py 4096 \
+    | tee $OUT/device-staging-p3.txt
+}
 codecs() {
   python -m hpccomm.bench codecs --sizes 1M,64M -J $OUT/codecs.json | tee $OUT/codecs.txt
 }
@@ -73,6 +77,6 @@ plots() {
     python -m hpccomm.bench plot $OUT/train-$ds*.json --combine train-$ds --out docs/img
   done
 }
-for step in "${@:-codecs shm sparse netem train train_extra plots}"; do
+for step in "${@:-codecs shm sparse netem train train_extra device plots}"; do
   for s in $step; do $s; done
 done
