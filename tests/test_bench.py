@@ -441,3 +441,22 @@ def test_netem_ranks_per_host_makes_nodes(tmp_path):
     bad = run([PY, "-m", "hpccomm.bench", "netem", "--ranks", "3", "--ranks-per-host", "2",
                "--rate", "1gbit"])
     assert bad.returncode != 0 and "--ranks-per-host must divide" in bad.stderr
+
+
+def test_codecs_device_cuda_on_the_simulator(tmp_path):
+    """``bench codecs --device cuda`` runs every device twin (here on numba's
+    simulator: a functional run) and each packet equals the host codec's
+    ``encode_with_feedback`` packet where the host has one."""
+    out = tmp_path / "d.json"
+    proc = subprocess.run([PY, "-W", "ignore", "-m", "hpccomm.bench", "codecs", "--device", "cuda",
+                           "--sizes", "300", "--reps", "1", "-J", str(out)],
+                          capture_output=True, text=True, timeout=600,
+                          env={**ENV, "NUMBA_ENABLE_CUDASIM": "1"})
+    assert proc.returncode == 0, proc.stderr
+    rows = json.loads(out.read_text())["rows"]
+    from hpccomm import available_codecs
+
+    names = {r["codec"].split("(")[0] for r in rows}
+    assert names == set(available_codecs()), names
+    fused = [r for r in rows if r["same_packet_as_host"] is not None]
+    assert fused and all(r["same_packet_as_host"] for r in fused), fused
