@@ -29,9 +29,10 @@ with, and the PTX is rejected when it holds
 The kernels are found by introspection: one without a signature here fails
 the test, and so does a device function of the module that none of the
 kernels compiled (cuda_util's device functions, called from the other
-modules, compile on their own here).  Each module compiles in a fresh interpreter without
-``NUMBA_ENABLE_CUDASIM`` (the simulator replaces numba.cuda's compiler);
-the tests skip, with the reason, when NVVM is not available.
+modules, compile on their own here).  Each module compiles in a fresh
+interpreter without ``NUMBA_ENABLE_CUDASIM`` (the simulator replaces
+numba.cuda's compiler, and its thread counts are not the GPU's); the tests
+skip, with the reason, when NVVM is not available.
 """
 import functools
 import os
@@ -267,9 +268,9 @@ def loose_lines(ptx):
 
 def check_module(module):
     """Compile every kernel of ``hpccomm.kernels.<module>`` for sm_90 with
-    each of its signatures; print a line per kernel and fail (listing them
-    all) when one does not compile, holds a loose instruction, or has no
-    signature here."""
+    each of its signatures and print a summary; fail, listing every problem,
+    when a kernel does not compile, holds a loose instruction or has no
+    signature here, or a device function was compiled by no kernel."""
     import importlib
     import time
 
@@ -287,17 +288,18 @@ def check_module(module):
     jobs = [(name, sig, False) for name in kernels for sig in sigs.get(name, [])]
     jobs += [(name, sig, True) for name, variants in own.items() for sig in variants]
     for name, sig, device in jobs:
+        what = f"{name}({', '.join(map(str, sig))})"
         try:
             ptx, _ = cuda.compile_ptx(getattr(mod, name).py_func, sig, device=device,
                                       cc=(9, 0))
         except Exception as exc:            # typing / lowering errors: report them all
             first = str(exc).strip().splitlines()
-            problems.append(f"{name}{sig}: does not compile: {type(exc).__name__}: "
+            problems.append(f"{what}: does not compile: {type(exc).__name__}: "
                             f"{first[0] if first else ''}")
             continue
         bad = loose_lines(ptx)
         if bad:
-            problems.append(f"{name}{sig}: {bad[:4]}")
+            problems.append(f"{what}: {bad[:4]}")
     devices = device_functions_of(mod)
     problems += [f"{name}: a device function no kernel compiled" for name in devices
                  if name not in own and not getattr(mod, name).overloads]
