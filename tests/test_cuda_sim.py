@@ -1,5 +1,6 @@
-"""GPU kernels (:mod:`hpccomm.kernels.cuda_quantize`) against the CPU codecs, on numba's
-CUDA simulator.
+"""GPU kernels (:mod:`hpccomm.kernels.cuda_quantize`, the threshold / scatter
+part of :mod:`hpccomm.kernels.cuda_sparsify`) against the CPU kernels and
+codecs, on numba's CUDA simulator.
 
 ``NUMBA_ENABLE_CUDASIM`` must be set before numba is imported, so each check
 below runs in a fresh interpreter with ``NUMBA_ENABLE_CUDASIM=1``; a plain
@@ -139,10 +140,51 @@ def check_device_arrays_in_and_out():
     assert np.all((host >= 0) == (x.copy_to_host() >= 0))
 
 
+def check_sparsify():
+    """:mod:`hpccomm.kernels.cuda_sparsify`'s threshold compaction, Strom words
+    and scatters against :mod:`hpccomm.kernels.sparsify`, on the default
+    stream and on another one (the launches and copies follow
+    ``cuda_util.current_stream``)."""
+    _setup()
+    from numba import cuda
+
+    from hpccomm.kernels import cuda_sparsify as gpu
+    from hpccomm.kernels import cuda_util as U
+    from hpccomm.kernels import sparsify as cpu
+
+    other = cuda.stream()
+    for n in SIZES + [3 * gpu.TILE + 5]:
+        x = np.round(_data(n, 300 + n), 1)         # ties at the thresholds
+        for t in (0.0, 0.5, np.inf):
+            idt, wdt = (np.int32, np.uint32) if t else (np.int64, np.uint64)
+            with U.on_stream(other if n % 2 else None):
+                idx, vals = cpu.select_abs_ge(x, t, idt)
+                d_idx, d_vals = gpu.select_abs_ge(x, t, idt)
+                got_idx, got_vals = U.to_host(d_idx), U.to_host(d_vals)
+                assert got_idx.dtype == idt and np.array_equal(got_idx, idx), (n, t)
+                assert np.array_equal(got_vals.view(np.uint32), vals.view(np.uint32))
+                words = np.empty(idx.size, wdt)
+                cpu.pack_sign_words(idx, vals, words)
+                got = U.to_host(gpu.pack_sign_words(d_idx, d_vals, wdt))
+                assert got.dtype == wdt and np.array_equal(got, words), (n, t)
+                for add in (False, True):
+                    base = _data(n, 400 + n)
+                    want = base.copy()
+                    cpu.scatter(want, idx, vals, add)
+                    out = U.to_device(base)
+                    assert gpu.scatter(out, idx, vals, add) is out
+                    assert np.array_equal(U.to_host(out), want), (n, t, add)
+                    want = base.copy()
+                    cpu.scatter_sign_words(words, np.float32(0.75), want, add)
+                    out = U.to_device(base)
+                    gpu.scatter_sign_words(words, 0.75, out, add)
+                    assert np.array_equal(U.to_host(out), want), (n, t, add)
+
+
 # ---------------------------------------------------------------------------
 # tests (run the checks)
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("check", ["check_onebit", "check_terngrad", "check_qsgd",
-                                   "check_device_arrays_in_and_out"])
+                                   "check_device_arrays_in_and_out", "check_sparsify"])
 def test_gpu_kernels_match_cpu_bytes(check):
     _run(check)

@@ -53,9 +53,8 @@ class TernGradDevice(DenseDevice):
         maxes = self.scratch("maxes", _LANES, np.float32)
         counts = self.scratch("counts", _LANES, np.int64)
         res = self.scratch("res", 6, np.float64)
-        stream = U.current_stream()
-        Q.tern_lanes[1, _LANES, stream](*src, n, lanes, maxes, counts)
-        Q.tern_totals[1, 1, stream](n, lanes, maxes, counts, res)
+        U.launch(_LANES, Q.tern_lanes, _LANES, *src, n, lanes, maxes, counts)  # one block
+        U.single(Q.tern_totals, n, lanes, maxes, counts, res)
         top, s1, s2, l1, l2, bad = (float(r) for r in U.to_host(res))
         return np.float32(top), s1, s2, l1, l2, int(bad)
 

@@ -25,11 +25,14 @@ output word, byte, element or (for the sums) bucket / column, so sums keep
 the CPU's sequential lane order.
 
 On real GPUs NVVM contracts a multiply followed by an add into a fused
-multiply-add by default, which rounds once instead of twice: products that
-feed an addition therefore go through ``libdevice.dmul_rn`` (never fused).
-The tests run on the simulator (``NUMBA_ENABLE_CUDASIM=1``), which executes
-the kernels as Python with plain IEEE arithmetic; these kernels have not yet
-run on a real GPU.
+multiply-add by default, which rounds once instead of twice: every float
+product therefore goes through ``cuda_util.dmul_rn`` / ``fmul_rn``
+(libdevice's ``mul.rn``, never fused), and the builtin two-argument
+``min`` / ``max``, which the CUDA target does not type, are
+``cuda_util.imin`` / ``imax``.  The bit-for-bit tests run on the simulator
+(``NUMBA_ENABLE_CUDASIM=1``), which executes the kernels as Python with
+plain IEEE arithmetic; ``tests/test_cuda_compile.py`` compiles every kernel
+for sm_90 and checks the PTX for fused or unrounded products.
 
 Import this module only where a GPU (or the simulator) is wanted: ``import
 hpccomm`` never imports numba.cuda.
@@ -40,7 +43,8 @@ from functools import partial
 import numpy as np
 from numba import config, cuda
 
-from .cuda_util import current_stream, launch, to_device
+from . import cuda_util as U
+from .cuda_util import dmul_rn, fmul_rn, imax, imin
 from .quantize import F32_MAX, LANES
 from .rng import bits24_weyl, uniform01, weyl
 
@@ -50,20 +54,7 @@ _bits24_weyl = cuda.jit(device=True)(bits24_weyl)
 #: threads per block (the simulator runs one Python thread per CUDA thread)
 _THREADS = 32 if config.ENABLE_CUDASIM else 128
 
-if config.ENABLE_CUDASIM:
-    @cuda.jit(device=True)
-    def _dmul_rn(a, b):
-        return a * b
-else:  # pragma: no cover - needs a GPU
-    from numba.cuda import libdevice
-
-    @cuda.jit(device=True)
-    def _dmul_rn(a, b):
-        return libdevice.dmul_rn(a, b)
-
-
-_device = to_device
-_launch = partial(launch, _THREADS)
+_launch = partial(U.launch, _THREADS)
 
 
 # ---------------------------------------------------------------------------
@@ -89,7 +80,7 @@ def _onebit_means_kernel(x, col_len, means):
         return
     n = x.size
     lo = c * col_len
-    hi = min(lo + col_len, n)
+    hi = imin(lo + col_len, n)
     pos = cuda.local.array(LANES, np.float64)
     neg = cuda.local.array(LANES, np.float64)
     for k in range(LANES):
@@ -105,8 +96,8 @@ def _onebit_means_kernel(x, col_len, means):
             npos += 1
         else:
             neg[k] += v
-    means[2 * c] = _lane_total(pos) / max(npos, 1)
-    means[2 * c + 1] = _lane_total(neg) / max(hi - lo - npos, 1)
+    means[2 * c] = _lane_total(pos) / imax(npos, 1)
+    means[2 * c + 1] = _lane_total(neg) / imax(hi - lo - npos, 1)
 
 
 @cuda.jit
@@ -138,25 +129,25 @@ def _onebit_unpack_kernel(words, means, col_len, out, add):
 
 def onebit_means(x, col_len):
     """Per-column ``(mu_pos, mu_neg)`` pairs (float32, ``2 ceil(n / col_len)``)."""
-    x = _device(x, np.float32)
-    means = cuda.device_array(2 * (-(-x.size // col_len)), dtype=np.float32)
+    x = U.to_device(x, np.float32)
+    means = U.empty(2 * (-(-x.size // col_len)), np.float32)
     _launch(_onebit_means_kernel, means.size // 2, x, col_len, means)
     return means
 
 
 def onebit_pack(x):
     """Sign bits of ``x``: uint32 words, element ``i`` at bit ``i mod 32``."""
-    x = _device(x, np.float32)
-    words = cuda.device_array(-(-x.size // 32), dtype=np.uint32)
+    x = U.to_device(x, np.float32)
+    words = U.empty(-(-x.size // 32), np.uint32)
     _launch(_onebit_pack_kernel, words.size, x, words)
     return words
 
 
 def onebit_unpack(words, means, col_len, n, out=None, add=False):
     """Decode sign ``words`` with per-column ``means`` into ``out`` (n float32)."""
-    out = cuda.device_array(n, dtype=np.float32) if out is None else _device(out, np.float32)
-    _launch(_onebit_unpack_kernel, n, _device(words, np.uint32), _device(means, np.float32),
-            col_len, out, add)
+    out = U.empty(n, np.float32) if out is None else U.to_device(out, np.float32)
+    _launch(_onebit_unpack_kernel, n, U.to_device(words, np.uint32),
+            U.to_device(means, np.float32), col_len, out, add)
     return out
 
 
@@ -175,7 +166,7 @@ def _tern_pack_kernel(x, key, offset, scale, clip, packed):
         if i < n:
             v = x[i]
             u = _uniform01(key, np.uint64(offset + i))
-            if u * scale < min(abs(v), clip):
+            if fmul_rn(u, scale) < imin(abs(v), clip):
                 byte |= (1 if v > 0 else 3) << (2 * k)
     packed[j] = byte
 
@@ -193,7 +184,7 @@ def _qsgd_scales_kernel(x, bucket, use_max, scales):
     if j >= scales.size:
         return
     lo = j * bucket
-    hi = min(lo + bucket, x.size)
+    hi = imin(lo + bucket, x.size)
     if use_max:
         r = np.float64(0.0)
         nan = False
@@ -210,7 +201,7 @@ def _qsgd_scales_kernel(x, bucket, use_max, scales):
         acc[k] = 0.0
     for i in range(lo, hi):
         v = np.float64(x[i])
-        acc[(i - lo) % LANES] += _dmul_rn(v, v)
+        acc[(i - lo) % LANES] += dmul_rn(v, v)
     r = math.sqrt(_lane_total(acc))
     if r > F32_MAX and r < math.inf:
         r = F32_MAX
@@ -232,7 +223,7 @@ def _qsgd_pack_kernel(x, scales, bucket, bits, levels, key, offset, packed):
             v = x[i]
             u = _uniform01(key, np.uint64(offset + i))
             ratio = _ratio(scales[i // bucket], levels)
-            q = min(int(_dmul_rn(abs(np.float64(v)), ratio) + u), levels)
+            q = imin(int(dmul_rn(abs(np.float64(v)), ratio) + u), levels)
             if v < 0:
                 q = -q
             byte |= (q & mask) << (bits * k)
@@ -247,7 +238,7 @@ def _codes_decode_kernel(packed, bits, bucket, levels, scales, out, add):
     half = 1 << (bits - 1)
     raw = (np.int64(packed[(i * bits) >> 3]) >> ((i * bits) & 7)) & ((1 << bits) - 1)
     q = (raw ^ half) - half
-    v = np.float32(q * (np.float64(scales[i // bucket]) / levels))
+    v = np.float32(dmul_rn(np.float64(q), np.float64(scales[i // bucket]) / levels))
     if add:
         out[i] += v
     else:
@@ -256,8 +247,8 @@ def _codes_decode_kernel(packed, bits, bucket, levels, scales, out, add):
 
 def tern_pack(x, key, offset, scale, clip):
     """TernGrad codes of ``x``, 2-bit packed (``ceil(n / 4)`` bytes)."""
-    x = _device(x, np.float32)
-    packed = cuda.device_array(-(-x.size // 4), dtype=np.uint8)
+    x = U.to_device(x, np.float32)
+    packed = U.empty(-(-x.size // 4), np.uint8)
     _launch(_tern_pack_kernel, packed.size, x, np.uint64(key), int(offset), np.float32(scale),
             np.float32(clip), packed)
     return packed
@@ -265,8 +256,8 @@ def tern_pack(x, key, offset, scale, clip):
 
 def qsgd_scales(x, bucket, use_max):
     """Per-bucket QSGD scales (float32, ``ceil(n / bucket)``)."""
-    x = _device(x, np.float32)
-    scales = cuda.device_array(-(-x.size // bucket), dtype=np.float32)
+    x = U.to_device(x, np.float32)
+    scales = U.empty(-(-x.size // bucket), np.float32)
     _launch(_qsgd_scales_kernel, scales.size, x, bucket, bool(use_max), scales)
     return scales
 
@@ -274,18 +265,18 @@ def qsgd_scales(x, bucket, use_max):
 def qsgd_pack(x, scales, bucket, bits, key, offset):
     """QSGD codes of ``x`` against per-bucket ``scales``, ``bits``-bit packed
     (``ceil(n bits / 8)`` bytes)."""
-    x = _device(x, np.float32)
-    packed = cuda.device_array(-(-(x.size * bits) // 8), dtype=np.uint8)
-    _launch(_qsgd_pack_kernel, packed.size, x, _device(scales, np.float32), bucket, bits,
+    x = U.to_device(x, np.float32)
+    packed = U.empty(-(-(x.size * bits) // 8), np.uint8)
+    _launch(_qsgd_pack_kernel, packed.size, x, U.to_device(scales, np.float32), bucket, bits,
             2 ** (bits - 1) - 1, np.uint64(key), int(offset), packed)
     return packed
 
 
 def codes_decode(packed, bits, bucket, levels, scales, n, out=None, add=False):
     """Dense float32 values of packed ``bits``-bit codes (``n`` elements)."""
-    out = cuda.device_array(n, dtype=np.float32) if out is None else _device(out, np.float32)
-    _launch(_codes_decode_kernel, n, _device(packed, np.uint8), bits, bucket, levels,
-            _device(scales, np.float32), out, add)
+    out = U.empty(n, np.float32) if out is None else U.to_device(out, np.float32)
+    _launch(_codes_decode_kernel, n, U.to_device(packed, np.uint8), bits, bucket, levels,
+            U.to_device(scales, np.float32), out, add)
     return out
 
 
@@ -315,17 +306,9 @@ def codes_decode(packed, bits, bucket, levels, scales, n, out=None, add=False):
 
 #: packets a source reads directly (more are pre-summed)
 GROUP = 4
-#: most blocks of a grid-stride launch (the simulator runs a Python thread per CUDA thread)
-_BLOCKS = 2 if config.ENABLE_CUDASIM else 4096
-
-
-def launch_grid(kernel, count, *args):
-    """``kernel`` over ``count`` items with a grid-stride loop: at most
-    :data:`_BLOCKS` blocks of ``_THREADS`` on the current stream; nothing
-    for ``count == 0``."""
-    if count > 0:
-        blocks = min(-(-count // _THREADS), _BLOCKS)
-        kernel[blocks, _THREADS, current_stream()](*args)
+#: ``launch_grid(kernel, count, *args)``: ``kernel`` over ``count`` items with
+#: a grid-stride loop, blocks of ``_THREADS`` (:func:`cuda_util.launch_grid`)
+launch_grid = partial(U.launch_grid, _THREADS)
 
 
 if config.ENABLE_CUDASIM:
@@ -337,6 +320,8 @@ if config.ENABLE_CUDASIM:
     def _bits_f32(u):
         return np.uint32(u).view(np.float32)
 else:  # pragma: no cover - needs a GPU
+    from numba.cuda import libdevice
+
     @cuda.jit(device=True)
     def _f32_bits(v):
         return np.uint32(libdevice.float_as_int(v))
@@ -570,7 +555,7 @@ def onebit_columns(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e,
     cnt = 0
     for c in range(cuda.grid(1), ncols, cuda.gridsize(1)):
         lo = c * col_len
-        hi = min(lo + col_len, n)
+        hi = imin(lo + col_len, n)
         for k in range(LANES):
             pos[k] = 0.0
             neg[k] = 0.0
@@ -589,14 +574,14 @@ def onebit_columns(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e,
             else:
                 pos[k] += 0.0
                 neg[k] += v
-        mp = np.float32(_lane_total(pos) / max(npos, 1))
-        mn = np.float32(_lane_total(neg) / max(hi - lo - npos, 1))
+        mp = np.float32(_lane_total(pos) / imax(npos, 1))
+        mn = np.float32(_lane_total(neg) / imax(hi - lo - npos, 1))
         pf[4 + 2 * c] = mp
         pf[5 + 2 * c] = mn
         if words_here:
             for w in range(lo >> 5, (hi + 31) >> 5):
                 word = 0
-                for k in range(min(32, hi - 32 * w)):
+                for k in range(imin(32, hi - 32 * w)):
                     i = 32 * w + k
                     v32 = _onebit_source(i, n, base, has_base, a0, b0, a1, b1, a2, b2, a3, b3,
                                          npk, flag, e, has_e)
@@ -614,7 +599,7 @@ def onebit_words(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, h
     first = 4 + 2 * ncols
     for w in range(cuda.grid(1), (n + 31) >> 5, cuda.gridsize(1)):
         word = 0
-        for k in range(min(32, n - 32 * w)):
+        for k in range(imin(32, n - 32 * w)):
             i = 32 * w + k
             c = i // col_len
             v32 = _onebit_source(i, n, base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk,
@@ -633,7 +618,7 @@ def _tern_value(pu, pf, i, n, unused):
     ``pf``: its first 20 bytes as float32, the scale at ``pf[4]``)."""
     raw = (np.int64(pu[20 + (i >> 2)]) >> (2 * (i & 3))) & 3
     q = (raw ^ 2) - 2
-    return np.float32(q * np.float64(pf[4]))
+    return np.float32(dmul_rn(np.float64(q), np.float64(pf[4])))
 
 
 _tern_source = _make_source(_tern_value)
@@ -667,7 +652,7 @@ def tern_lanes(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has
         a_max = a if a > a_max else a_max
         d = np.float64(v) - x0
         s1 += d
-        s2 += _dmul_rn(d, d)
+        s2 += dmul_rn(d, d)
         l1 += np.float64(a)
     maxes[k] = a_max
     lanes[k] = s1
@@ -694,8 +679,8 @@ def tern_totals(n, lanes, maxes, counts, res):
     for k in range(1, LANES):
         top = maxes[k] if maxes[k] > top else top
         cnt += counts[k]
-    l2 = s2 + _dmul_rn(x0, 2.0 * s1 + _dmul_rn(np.float64(n), x0))
-    floor = _dmul_rn(np.float64(top), np.float64(top))
+    l2 = s2 + dmul_rn(x0, dmul_rn(2.0, s1) + dmul_rn(np.float64(n), x0))
+    floor = dmul_rn(np.float64(top), np.float64(top))
     res[0] = top
     res[1] = s1
     res[2] = s2
@@ -717,19 +702,19 @@ def tern_code(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_
         pw[4] = unit_bits
     for j in range(start, (n + 3) >> 2, cuda.gridsize(1)):
         byte = 0
-        for k in range(min(4, n - 4 * j)):
+        for k in range(imin(4, n - 4 * j)):
             i = 4 * j + k
             v = _tern_source(i, n, base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag,
                              e, has_e)
             u = _uniform01(key, np.uint64(offset + i))
-            t = np.float32(1.0) - np.float32(2.0) * np.float32(v < 0)
-            if not u * scale < min(abs(v), scale):
+            t = np.float32(1.0) - fmul_rn(np.float32(2.0), np.float32(v < 0))
+            if not fmul_rn(u, scale) < imin(abs(v), scale):
                 t = np.float32(0.0)
             byte |= (np.int64(t) & 3) << (2 * k)
             if has_eout:
-                e_out[i] = v - t * unit
+                e_out[i] = v - fmul_rn(t, unit)
             if has_out:
-                out[i] = t * unit
+                out[i] = fmul_rn(t, unit)
         pu[20 + j] = byte
 
 
@@ -751,7 +736,7 @@ def _qsgd_value(pu, pf, i, n, unused):
     pos = i * bits
     raw = (np.int64(pu[16 + 4 * nb + (pos >> 3)]) >> (pos & 7)) & ((half << 1) - 1)
     q = (raw ^ half) - half
-    return np.float32(q * (np.float64(pf[4 + i // bucket]) / (half - 1)))
+    return np.float32(dmul_rn(np.float64(q), np.float64(pf[4 + i // bucket]) / (half - 1)))
 
 
 _qsgd_source = _make_source(_qsgd_value)
@@ -770,11 +755,11 @@ def _qsgd_put(i, v, key, offset, ratio, unit, levels, e_out, has_eout, out, has_
     c = 0
     if ratio != 0.0:
         r = _bits24_weyl(_weyl(key, np.uint64(offset + i)))
-        y = _dmul_rn(abs(np.float64(v)), ratio * _F64_2P24) + np.float64(r)
-        q = min(np.int64(y) >> 24, levels)
+        y = dmul_rn(abs(np.float64(v)), dmul_rn(ratio, _F64_2P24)) + np.float64(r)
+        q = imin(np.int64(y) >> 24, levels)
         c = -q if v < 0 else q
     if has_eout or has_out:
-        d = np.float32(c * unit)
+        d = np.float32(dmul_rn(np.float64(c), unit))
         if has_eout:
             e_out[i] = v - d
         if has_out:
@@ -805,7 +790,7 @@ def qsgd_buckets(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, h
     cnt = 0
     for j in range(cuda.grid(1), nb, cuda.gridsize(1)):
         lo = j * bucket
-        hi = min(lo + bucket, n)
+        hi = imin(lo + bucket, n)
         for k in range(LANES):
             acc[k] = 0.0
             l1s[k] = 0.0
@@ -823,10 +808,10 @@ def qsgd_buckets(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, h
                 acc[k] = a if a > acc[k] else acc[k]
                 nan = nan or a != a
             else:
-                acc[k] += _dmul_rn(w, w)
+                acc[k] += dmul_rn(w, w)
             if contract:
                 l1s[k] += abs(w)
-                l2s[k] += _dmul_rn(w, w)
+                l2s[k] += dmul_rn(w, w)
         if use_max:
             top = acc[0]
             for k in range(1, LANES):
@@ -845,9 +830,9 @@ def qsgd_buckets(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, h
                 l1 = _lane_total(l1s)
                 l2 = _lane_total(l2s)
                 if l2 > 0:
-                    wb = np.float64(scale) * l1 / (levels * l2)
+                    wb = dmul_rn(np.float64(scale), l1) / dmul_rn(np.float64(levels), l2)
                     om = wb if wb < om else om
-            stored = np.float32(np.float64(scale) * (1.0 / (1.0 + om)))
+            stored = np.float32(dmul_rn(np.float64(scale), 1.0 / (1.0 + om)))
         unit = np.float64(stored) / levels
         pf[4 + j] = stored
         ratios[j] = ratio
@@ -855,7 +840,7 @@ def qsgd_buckets(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, h
         if codes_here:
             for b in range((lo * bits) >> 3, (hi * bits + 7) >> 3):
                 byte = 0
-                for k in range(min(per, hi - per * b)):
+                for k in range(imin(per, hi - per * b)):
                     i = per * b + k
                     v = _qsgd_source(i, n, base, has_base, a0, b0, a1, b1, a2, b2, a3, b3,
                                      npk, flag, e, has_e)
@@ -879,7 +864,7 @@ def qsgd_bytes(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has
     first = 16 + 4 * nb
     for b in range(cuda.grid(1), (n * bits + 7) >> 3, cuda.gridsize(1)):
         byte = 0
-        for k in range(min(per, n - per * b)):
+        for k in range(imin(per, n - per * b)):
             i = per * b + k
             j = i // bucket
             v = _qsgd_source(i, n, base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag,

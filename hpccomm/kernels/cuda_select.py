@@ -34,10 +34,13 @@ same source compiled with ``cuda.jit(device=True)``).  Floyd's algorithm
 ``j`` depends on every earlier draw -- so its draws run in one device thread;
 the bitmap it fills is turned into sorted indices in parallel.
 
-Floating point: products that feed an addition or subtraction go through
-``libdevice`` ``dmul_rn`` / ``fmul_rn`` (NVVM / ptxas would otherwise fuse them
-into an FMA, rounding once); divisions and ``sqrt`` are IEEE (``div.rn``,
-``sqrt.rn``) in numba's default (non fast-math) mode.
+Floating point: float products go through ``cuda_util.dmul_rn`` / ``fmul_rn``
+(libdevice's ``mul.rn``: NVVM / ptxas would otherwise fuse a product that
+feeds an addition or subtraction into an FMA, rounding once); divisions and
+``sqrt`` are IEEE (``div.rn``, ``sqrt.rn``) in numba's default (non
+fast-math) mode.  Two-argument ``min`` / ``max`` are ``cuda_util.imin`` /
+``imax`` (the builtins do not compile for the CUDA target);
+``tests/test_cuda_compile.py`` compiles every kernel for sm_90.
 
 Kernels do no bounds checks on what they are handed: decoders run a
 validating kernel (:func:`check_sign_words`, :meth:`AdaptiveReader.check`) whose
@@ -50,9 +53,10 @@ import math
 from functools import partial
 
 import numpy as np
-from numba import config, cuda, int32
+from numba import cuda, int32
 
 from . import cuda_util as U
+from .cuda_util import dmul_rn, fmul_rn, imax, imin
 from .rng import hash_index
 from .sparsify import BLOCK, LANES, _scaled_index
 
@@ -72,49 +76,13 @@ _hash = cuda.jit(device=True)(hash_index)
 _scaled = cuda.jit(device=True)(_scaled_index.py_func)
 
 
-# the builtin two-argument min / max do not compile for the CUDA target in
-# numba >= 0.66 (*args overloads: numba/numba#10753)
-@cuda.jit(device=True)
-def _min(a, b):
-    return a if a < b else b
-
-
-@cuda.jit(device=True)
-def _max(a, b):
-    return b if a < b else a
-
-
 @cuda.jit(device=True)
 def _cap(h, pi, excess):
     """:func:`hpccomm.kernels.sparsify.adaptive_cap`."""
-    return _min(h, excess * _max(1, (h + pi - 1) // pi))
-
-if config.ENABLE_CUDASIM:
-    @cuda.jit(device=True)
-    def _dmul_rn(a, b):
-        return a * b
-
-    @cuda.jit(device=True)
-    def _fmul_rn(a, b):
-        return a * b
-else:  # pragma: no cover - needs a GPU
-    from numba.cuda import libdevice
-
-    @cuda.jit(device=True)
-    def _dmul_rn(a, b):
-        return libdevice.dmul_rn(a, b)
-
-    @cuda.jit(device=True)
-    def _fmul_rn(a, b):
-        return libdevice.fmul_rn(a, b)
+    return imin(h, excess * imax(1, (h + pi - 1) // pi))
 
 
 _launch = partial(U.launch, THREADS)
-
-
-def _single(kernel, *args):
-    """Run ``kernel`` on one device thread (current stream)."""
-    kernel[1, 1, U.current_stream()](*args)
 
 
 def segments(n: int, per: int = SEG) -> int:
@@ -133,7 +101,7 @@ def _set2(a, x, y):
 
 def set2(a, x, y):
     """``a[0], a[1] = x, y`` on the device, from kernel arguments."""
-    _single(_set2, a, a.dtype.type(x), a.dtype.type(y))
+    U.single(_set2, a, a.dtype.type(x), a.dtype.type(y))
     return a
 
 
@@ -163,7 +131,7 @@ def _scan_sums(counts, sums):
     g = cuda.grid(1)
     if g >= sums.size:
         return
-    hi = _min(g * GROUP + GROUP, counts.size)
+    hi = imin(g * GROUP + GROUP, counts.size)
     s = 0
     for j in range(g * GROUP, hi):
         s += counts[j]
@@ -187,7 +155,7 @@ def _scan_apply(counts, sums, starts):
     g = cuda.grid(1)
     if g >= sums.size:
         return
-    hi = _min(g * GROUP + GROUP, counts.size)
+    hi = imin(g * GROUP + GROUP, counts.size)
     run = sums[g]
     for j in range(g * GROUP, hi):
         c = counts[j]
@@ -203,7 +171,7 @@ def exclusive_scan(counts, starts, status, slot, scratch, name="scan"):
     groups = segments(counts.size, GROUP)
     sums = scratch(name, groups, np.int64)
     _launch(_scan_sums, groups, counts, sums)
-    _single(_scan_top, sums, status, slot)
+    U.single(_scan_top, sums, status, slot)
     _launch(_scan_apply, groups, counts, sums, starts)
     return starts
 
@@ -218,12 +186,12 @@ def _ss_lanes(g, parts):
         return
     b = t // LANES
     lo = b * BLOCK
-    size = _min(BLOCK, g.size - lo)
+    size = imin(BLOCK, g.size - lo)
     full = lo + size - size % LANES
     acc = 0.0
     for i in range(lo + t % LANES, full, LANES):
         v = np.float64(g[i])
-        acc += _dmul_rn(v, v)
+        acc += dmul_rn(v, v)
     parts[t] = acc
 
 
@@ -235,16 +203,16 @@ def _ss_tau(g, parts, alpha, tau, ss):
     total = 0.0
     for b in range(parts.size // LANES):
         lo = b * BLOCK
-        size = _min(BLOCK, n - lo)
+        size = imin(BLOCK, n - lo)
         s = 0.0
         for lane in range(LANES):
             s += parts[b * LANES + lane]
         for i in range(lo + size - size % LANES, lo + size):
             v = np.float64(g[i])
-            s += _dmul_rn(v, v)
+            s += dmul_rn(v, v)
         total += s
     ss[0] = total
-    t = _dmul_rn(alpha, math.sqrt(total / n))
+    t = dmul_rn(alpha, math.sqrt(total / n))
     if t <= F32_MAX:
         tau[0] = np.float32(t)
     else:
@@ -259,7 +227,7 @@ def threshold_tau(g, alpha, tau, scratch):
     nothing back to the host."""
     parts = scratch("ss_parts", LANES * segments(g.size, BLOCK), np.float64)
     _launch(_ss_lanes, parts.size, g, parts)
-    _single(_ss_tau, g, parts, np.float64(alpha), tau, scratch("ss", 1, np.float64))
+    U.single(_ss_tau, g, parts, np.float64(alpha), tau, scratch("ss", 1, np.float64))
     return tau
 
 
@@ -274,7 +242,7 @@ def _count_select(v, vb, tau, cutq, above, equal, bad, check):
     t = tau[0]
     ok = t > 0 and t < math.inf
     cut = cutq[0]
-    hi = _min(c * SEG + SEG, v.size)
+    hi = imin(c * SEG + SEG, v.size)
     a = 0
     e = 0
     nf = 0
@@ -305,7 +273,7 @@ def _radix_hist(v, vb, tau, state, shift, hist):
     t = tau[0]
     ok = t > 0 and t < math.inf
     high = state[0] >> (shift + 8)
-    hi = _min(c * SEG + SEG, v.size)
+    hi = imin(c * SEG + SEG, v.size)
     for i in range(c * SEG, hi):
         x = v[i]
         if ok and abs(x) >= t and x != 0:
@@ -338,7 +306,7 @@ def _kept(above, equal, eqb, cutq, kept):
     c = cuda.grid(1)
     if c >= kept.size:
         return
-    r = _min(_max(cutq[1] - eqb[c], 0), equal[c])
+    r = imin(imax(cutq[1] - eqb[c], 0), equal[c])
     kept[c] = above[c] + r
 
 
@@ -355,7 +323,7 @@ def _compact_words(v, vb, tau, cutq, starts, eqb, words, resid, has_resid, out, 
     q = cutq[1]
     pos = starts[c]
     seen = eqb[c]
-    hi = _min(c * SEG + SEG, v.size)
+    hi = imin(c * SEG + SEG, v.size)
     for i in range(c * SEG, hi):
         x = v[i]
         keep = False
@@ -410,7 +378,7 @@ class Selection:
         hist = U.fill(self.scratch("hist", 256, np.int64), 0)
         for shift in (24, 16, 8, 0):
             _launch(_radix_hist, self.segs, self.v, self.vb, self.tau, cutq, shift, hist)
-            _single(_radix_pick, cutq, hist, shift)
+            U.single(_radix_pick, cutq, hist, shift)
         above = self.scratch("above", self.segs, np.int64)
         equal = self.scratch("equal", self.segs, np.int64)
         _launch(_count_select, self.segs, self.v, self.vb, self.tau, cutq, above, equal,
@@ -439,7 +407,7 @@ def _tau_fields(fields, tau, m):
 def write_tau(fields, tau, m):
     """The packet's tau (``tau[0]``, 0 when ``m = 0``) and zero padding:
     ``fields`` = float32 view of bytes 16..24."""
-    _single(_tau_fields, fields, tau, int(m))
+    U.single(_tau_fields, fields, tau, int(m))
 
 
 # ---------------------------------------------------------------------------
@@ -455,7 +423,7 @@ def _check_words(words, n, fields, pad, flags, slot):
     lo = c * SEG
     if lo >= words.size:
         return
-    hi = _min(lo + SEG, words.size)
+    hi = imin(lo + SEG, words.size)
     prev = np.int64(-1)
     if c > 0:
         prev = np.int64(np.uint64(words[lo - 1]) >> np.uint64(1))
@@ -478,7 +446,7 @@ def check_sign_words(words, n, fields, flags, slot):
 @cuda.jit
 def _scatter_words(words, fields, out, mode):
     c = cuda.grid(1)
-    hi = _min(c * SEG + SEG, words.size)
+    hi = imin(c * SEG + SEG, words.size)
     t = fields[0]
     nt = -t
     for j in range(c * SEG, hi):
@@ -519,7 +487,7 @@ def _bit_counts(bitmap, counts):
     c = cuda.grid(1)
     if c >= counts.size:
         return
-    hi = _min(c * SEG + SEG, bitmap.size)
+    hi = imin(c * SEG + SEG, bitmap.size)
     s = 0
     for w in range(c * SEG, hi):
         s += cuda.popc(bitmap[w])
@@ -533,7 +501,7 @@ def _bit_indices(bitmap, starts, idx):
         return
     one = np.uint64(1)
     pos = starts[c]
-    hi = _min(c * SEG + SEG, bitmap.size)
+    hi = imin(c * SEG + SEG, bitmap.size)
     for w in range(c * SEG, hi):
         bits = bitmap[w]
         for b in range(64):
@@ -551,7 +519,7 @@ def floyd_indices(key, n, idx, scratch):
         return idx
     words = (n + 63) // 64
     bitmap = U.fill(scratch("bitmap", words, np.uint64), 0)
-    _single(_floyd, np.uint64(key), np.int64(n), np.int64(k), bitmap)
+    U.single(_floyd, np.uint64(key), np.int64(n), np.int64(k), bitmap)
     segs = segments(words)
     counts = scratch("bitcounts", segs, np.int64)
     _launch(_bit_counts, segs, bitmap, counts)
@@ -564,12 +532,12 @@ def floyd_indices(key, n, idx, scratch):
 @cuda.jit
 def _gather(v, idx, scale, scaled, vals, resid, has_resid):
     c = cuda.grid(1)
-    hi = _min(c * SEG + SEG, idx.size)
+    hi = imin(c * SEG + SEG, idx.size)
     for j in range(c * SEG, hi):
         i = idx[j]
         x = v[i]
         if scaled:
-            x = _fmul_rn(x, scale)
+            x = fmul_rn(x, scale)
         vals[j] = x
         if has_resid:
             resid[i] = resid[i] - x
@@ -586,7 +554,7 @@ def gather(v, idx, vals, scale=None, resid=None):
 @cuda.jit
 def _scatter_vals(idx, vals, out, mode):
     c = cuda.grid(1)
-    hi = _min(c * SEG + SEG, idx.size)
+    hi = imin(c * SEG + SEG, idx.size)
     for j in range(c * SEG, hi):
         i = idx[j]
         if mode == 0:
@@ -613,7 +581,7 @@ def _read_u64(packet, at, dst, slot):
 
 def read_u64(packet, at, dst, slot):
     """``dst[slot]`` = the little-endian uint64 at byte ``at`` of ``packet``."""
-    _single(_read_u64, packet, at, dst, slot)
+    U.single(_read_u64, packet, at, dst, slot)
 
 
 # ---------------------------------------------------------------------------
@@ -645,7 +613,7 @@ def _adaptive_stats(v, vb, H, pi, samples, excess, key, base, counts, mus, cuts,
         return
     n = v.size
     lo = c * H
-    hi = _min(lo + H, n)
+    hi = imin(lo + H, n)
     h = hi - lo
     hp = cuda.local.array(256, int32)
     hn = cuda.local.array(256, int32)
@@ -660,8 +628,8 @@ def _adaptive_stats(v, vb, H, pi, samples, excess, key, base, counts, mus, cuts,
             cps += 1
         elif x < 0:
             cns += 1
-    kp = _max(1, cps // pi)
-    kn = _max(1, cns // pi)
+    kp = imax(1, cps // pi)
+    kn = imax(1, cns // pi)
     tp = np.int64(INF_KEY)
     tn = np.int64(INF_KEY)
     if cps or cns:
@@ -795,7 +763,7 @@ def _adaptive_write(v, vb, H, counts, mus, cuts, starts, recs, recs_f, words, re
     if c >= counts.size:
         return
     lo = c * H
-    hi = _min(lo + H, v.size)
+    hi = imin(lo + H, v.size)
     zero = np.float32(0)
     recs[3 * c] = counts[c]
     recs_f[3 * c + 1] = mus[2 * c]
@@ -878,7 +846,7 @@ def _adaptive_counts(head, body, n, counts):
 @cuda.jit
 def _adaptive_check(head, body, n, pi, excess, counts, starts, status, flags, slot):
     c = cuda.grid(1)
-    if c >= _max(counts.size, 1):
+    if c >= imax(counts.size, 1):
         return
     H, W = _columns(head, n)
     m = body.size - 3 * W
@@ -889,7 +857,7 @@ def _adaptive_check(head, body, n, pi, excess, counts, starts, status, flags, sl
     if c >= W or m < 0:
         return
     lo = c * H
-    h = _min(H, n - lo)
+    h = imin(H, n - lo)
     cap = _cap(h, pi, excess)
     cnt = counts[c]
     first = starts[c]

@@ -25,6 +25,10 @@ int64 per tile); a second kernel re-evaluates the predicate, scans it within
 the block (Hillis-Steele in shared memory) and writes every candidate at its
 tile offset plus its rank -- ascending index order.
 
+Every launch, allocation and copy runs on the current stream
+(:func:`hpccomm.kernels.cuda_util.current_stream`).
+``tests/test_cuda_compile.py`` compiles every kernel for sm_90.
+
 Import this module only where a GPU (or the simulator,
 ``NUMBA_ENABLE_CUDASIM=1``) is wanted: ``import hpccomm`` never imports
 numba.cuda.
@@ -34,17 +38,16 @@ from functools import partial
 import numpy as np
 from numba import config, cuda, int32, int64
 
-from .cuda_util import launch, to_device
+from . import cuda_util as U
 
 #: threads per block (the simulator runs one Python thread per CUDA thread)
-THREADS = 32 if config.ENABLE_CUDASIM else 256
+THREADS = U.THREADS
 #: rounds of THREADS elements per tile
 ROUNDS = 4 if config.ENABLE_CUDASIM else 64
 TILE = THREADS * ROUNDS
 
 
-_device = to_device
-_launch = partial(launch, THREADS)
+_launch = partial(U.launch, THREADS)
 
 
 # ---------------------------------------------------------------------------
@@ -109,21 +112,21 @@ def _compact_tiles(x, t, starts, idx, vals):
 def select_abs_ge(x, t, index_dtype):
     """``(idx, vals)`` device arrays: every ``i`` with ``|x_i| >= t`` and
     ``x_i != 0``, ascending (see :func:`hpccomm.kernels.sparsify.select_abs_ge`)."""
-    x = _device(x, np.float32)
+    x = U.to_device(x, np.float32)
     t = np.float32(t)
     tiles = (x.size + TILE - 1) // TILE
     counts = np.zeros(tiles, dtype=np.int64)
-    if tiles:
-        d_counts = cuda.to_device(counts)
-        _count_tiles[tiles, THREADS](x, t, d_counts)
-        counts = d_counts.copy_to_host()
+    if tiles:                   # one block of THREADS per tile
+        d_counts = U.to_device(counts)
+        _launch(_count_tiles, tiles * THREADS, x, t, d_counts)
+        counts = U.to_host(d_counts)
     starts = np.zeros(tiles, dtype=np.int64)
     np.cumsum(counts[:-1], out=starts[1:])
     m = int(counts.sum())
-    idx = cuda.device_array(m, dtype=index_dtype)
-    vals = cuda.device_array(m, dtype=np.float32)
+    idx = U.empty(m, index_dtype)
+    vals = U.empty(m, np.float32)
     if m:
-        _compact_tiles[tiles, THREADS](x, t, cuda.to_device(starts), idx, vals)
+        _launch(_compact_tiles, tiles * THREADS, x, t, U.to_device(starts), idx, vals)
     return idx, vals
 
 
@@ -142,9 +145,9 @@ def _pack_sign_words(idx, vals, words):
 
 def pack_sign_words(idx, vals, word_dtype):
     """Strom words ``(idx << 1) | (vals > 0)`` as a device array of ``word_dtype``."""
-    idx = _device(idx)
-    vals = _device(vals, np.float32)
-    words = cuda.device_array(idx.size, dtype=word_dtype)
+    idx = U.to_device(idx)
+    vals = U.to_device(vals, np.float32)
+    words = U.empty(idx.size, word_dtype)
     _launch(_pack_sign_words, idx.size, idx, vals, words)
     return words
 
@@ -162,8 +165,8 @@ def _scatter(out, idx, vals, add):
 def scatter(out, idx, vals, add):
     """``out[idx] = vals`` (``add``: ``+=``) on a device array ``out``;
     ``idx`` validated (unique, in range)."""
-    idx = _device(idx)
-    vals = _device(vals, np.float32)
+    idx = U.to_device(idx)
+    vals = U.to_device(vals, np.float32)
     _launch(_scatter, idx.size, out, idx, vals, add)
     return out
 
@@ -183,7 +186,7 @@ def _scatter_sign_words(words, tau, out, add):
 
 def scatter_sign_words(words, tau, out, add):
     """``out[w >> 1] (+)= +tau or -tau`` on a device array ``out``; words validated."""
-    words = _device(words)
+    words = U.to_device(words)
     _launch(_scatter_sign_words, words.size, words, np.float32(tau), out, add)
     return out
 
@@ -242,7 +245,7 @@ def run_tiles(count: int) -> int:
 
 
 def _launch_blocks(kernel, blocks, *args):
-    launch(TOPK_THREADS, kernel, blocks * TOPK_THREADS, *args)
+    U.launch(TOPK_THREADS, kernel, blocks * TOPK_THREADS, *args)
 
 
 @cuda.jit
@@ -505,7 +508,7 @@ def compact_classes(vals, src, tf, q, counts):
     def run(out_idx, out_vals):
         if m == 0:
             return
-        plan = _device(np.concatenate([starts, tie_base]))
+        plan = U.to_device(np.concatenate([starts, tie_base]))
         _launch_blocks(_compact_classes, blocks, vals, out_idx if src is None else src,
                        src is not None, tf, np.int64(q), plan[blocks:], plan[:blocks],
                        out_idx, out_vals)

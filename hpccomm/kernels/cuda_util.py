@@ -1,12 +1,29 @@
-"""Host-side helpers and small elementwise kernels shared by the
-``numba.cuda`` kernel modules (:mod:`hpccomm.kernels.cuda_quantize`,
-:mod:`hpccomm.kernels.cuda_sparsify`) and the device codecs
-(:mod:`hpccomm.device_codecs`).
+"""Helpers shared by the ``numba.cuda`` kernel modules
+(:mod:`hpccomm.kernels.cuda_quantize`, :mod:`hpccomm.kernels.cuda_sparsify`,
+:mod:`hpccomm.kernels.cuda_select`) and the device codecs
+(:mod:`hpccomm.device_codecs`): device functions, launchers, transfers and
+small elementwise kernels.
 
 Every launch and allocation here goes to the *current stream*
 (:func:`current_stream`, set with :func:`on_stream` by the device pipeline
 to the stream that produced the user's buffer); the default is stream 0.
 Elementwise float32 arithmetic is one IEEE operation per element, as numpy's.
+
+Device functions for the kernels:
+
+``fmul_rn`` / ``dmul_rn``
+    float32 / float64 products rounded on their own (libdevice's ``mul.rn``).
+    NVVM contracts a plain ``a * b`` that feeds an addition into a fused
+    multiply-add, which rounds once and changes bits against the CPU; every
+    float product of the kernels goes through these (the simulator:
+    a plain multiply, which is IEEE).
+``imin`` / ``imax``
+    the builtin two-argument ``min`` / ``max`` (Python's: ``imin(a, b)`` is
+    ``b if b < a else a``), which do not compile for the CUDA target in
+    numba >= 0.66 (their ``*args`` overloads: numba/numba#10753).
+
+``tests/test_cuda_compile.py`` compiles every kernel to sm_90 PTX and
+rejects fused or unrounded float products and flush-to-zero.
 """
 import contextlib
 
@@ -68,6 +85,63 @@ def launch(threads, kernel, count, *args):
     ``threads`` on the current stream; nothing when ``count`` is 0."""
     if count > 0:
         kernel[(count + threads - 1) // threads, threads, current_stream()](*args)
+
+
+#: most blocks of a grid-stride launch (the simulator runs a Python thread per CUDA thread)
+GRID_BLOCKS = 2 if config.ENABLE_CUDASIM else 4096
+
+
+def launch_grid(threads, kernel, count, *args):
+    """Run the grid-stride ``kernel`` over ``count`` items: at most
+    :data:`GRID_BLOCKS` blocks of ``threads`` on the current stream; nothing
+    when ``count`` is 0."""
+    if count > 0:
+        blocks = min(-(-count // threads), GRID_BLOCKS)
+        kernel[blocks, threads, current_stream()](*args)
+
+
+def single(kernel, *args):
+    """Run ``kernel`` on one device thread (current stream)."""
+    kernel[1, 1, current_stream()](*args)
+
+
+# ---------------------------------------------------------------------------
+# device functions
+# ---------------------------------------------------------------------------
+if config.ENABLE_CUDASIM:
+    @cuda.jit(device=True)
+    def dmul_rn(a, b):
+        """``a * b`` in float64, rounded on its own (never fused)."""
+        return a * b
+
+    @cuda.jit(device=True)
+    def fmul_rn(a, b):
+        """``a * b`` in float32, rounded on its own (never fused)."""
+        return a * b
+else:  # pragma: no cover - compiled by tests/test_cuda_compile.py, run on a GPU
+    from numba.cuda import libdevice
+
+    @cuda.jit(device=True)
+    def dmul_rn(a, b):
+        """``a * b`` in float64, rounded on its own (never fused)."""
+        return libdevice.dmul_rn(a, b)
+
+    @cuda.jit(device=True)
+    def fmul_rn(a, b):
+        """``a * b`` in float32, rounded on its own (never fused)."""
+        return libdevice.fmul_rn(a, b)
+
+
+@cuda.jit(device=True)
+def imin(a, b):
+    """The builtin ``min(a, b)``: ``b if b < a else a``."""
+    return b if b < a else a
+
+
+@cuda.jit(device=True)
+def imax(a, b):
+    """The builtin ``max(a, b)``: ``b if b > a else a``."""
+    return b if b > a else a
 
 
 # ---------------------------------------------------------------------------
@@ -141,8 +215,8 @@ def fill(out, value):
 def write_header(packet, version, codec_id, extra, n):
     """The common 16-byte packet header at ``packet[0:16]``, written by one
     device thread from its arguments (no host-to-device copy)."""
-    _header[1, 1, current_stream()](packet, np.uint8(version), np.uint8(codec_id),
-                                    np.uint64(extra), np.uint64(n))
+    single(_header, packet, np.uint8(version), np.uint8(codec_id), np.uint64(extra),
+           np.uint64(n))
 
 
 def count_nonfinite(x) -> int:
