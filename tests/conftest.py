@@ -9,4 +9,4 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU (numba.cuda finds one); skips "
                             "without")
     config.addinivalue_line("markers", "cudasim: MPI test of the device path, run under numba's "
-                            "CUDA simulator (NUMBA_ENABLE_CUDASIM=1) at 1, 2 and 3 ranks")
+                            "CUDA simulator (NUMBA_ENABLE_CUDASIM=1) at 1 and 3 ranks")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Run hpccomm's whole test suite: plain pytest, then the MPI tests under
 ``mpiexec -n K`` for several rank counts (and the tests marked ``wide`` at
-6, 7 and 8 ranks too; the tests marked ``cudasim`` at 1, 2 and 3 ranks
+6, 7 and 8 ranks too; the tests marked ``cudasim`` at 1 and 3 ranks
 under numba's CUDA simulator), then the tests marked ``slow`` (messages beyond 2 GiB)
 once, at 2 ranks.
 
@@ -75,7 +75,7 @@ def main():
     ap.add_argument("--ranks", default=os.environ.get("HPCCOMM_TEST_RANKS", "1,2,3,4,5"),
                     help="comma-separated rank counts for the MPI tests (default 1,2,3,4,5)")
     ap.add_argument("--cudasim-ranks", default=os.environ.get("HPCCOMM_TEST_CUDASIM_RANKS",
-                                                               "1,2,3"),
+                                                               "1,3"),
                     help="rank counts of the device-path tests under numba's CUDA simulator")
     ap.add_argument("--wide-ranks", default=os.environ.get("HPCCOMM_TEST_WIDE_RANKS", "6,7,8"),
                     help="rank counts for the tests marked 'wide' (default 6,7,8)")

@@ -454,9 +454,9 @@ def test_codecs_device_cuda_on_the_simulator(tmp_path):
                           env={**ENV, "NUMBA_ENABLE_CUDASIM": "1"})
     assert proc.returncode == 0, proc.stderr
     rows = json.loads(out.read_text())["rows"]
-    from hpccomm import available_codecs
-
+    assert "no device twin" not in proc.stdout, proc.stdout
     names = {r["codec"].split("(")[0] for r in rows}
-    assert names == set(available_codecs()), names
+    assert {"none", "fp16", "bf16", "onebit", "terngrad", "qsgd", "topk", "dgc", "threshold",
+            "adaptive", "randk"} <= names, names
     fused = [r for r in rows if r["same_packet_as_host"] is not None]
     assert fused and all(r["same_packet_as_host"] for r in fused), fused
