@@ -752,6 +752,7 @@ def test_unaligned_packets_decode_alike(name, params):
 
 FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097}),
          ("onebit", {"col_len": 1 << 16}), ("fp16", {}), ("bf16", {}),
+         ("fp8", {}), ("fp8", {"format": "e5m2", "block": 256}),
          ("topk", {"ratio": 0.01}), ("topk", {"ratio": 0.3, "exact": True}),
          ("dgc", {"ratio": 0.01}),
          ("threshold", {}), ("threshold", {"tau": 0.5}),
@@ -898,7 +899,7 @@ def test_feedback_form_is_contractive(name, params):
             assert plain > 1.0, (fed, plain)
 
 
-@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "topk", "dgc", "threshold",
+@pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "fp8", "topk", "dgc", "threshold",
                                   "adaptive", "terngrad", "qsgd"])
 def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     x = np.arange(10, dtype=np.float32)
@@ -961,6 +962,7 @@ def test_codecs_skip_their_scan_only_when_the_caller_checked_the_input():
 
 #: codecs with a fused owner stage (``owner_step``), with layout variants
 OWNER = [("onebit", {}), ("onebit", {"col_len": 7}), ("fp16", {}), ("bf16", {}),
+         ("fp8", {}), ("fp8", {"format": "e5m2", "block": 64}),
          ("terngrad", {}), ("terngrad", {"clip": None}),
          ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 7}),
          ("qsgd", {"bits": 8, "bucket": 100, "norm": "max"}),
