@@ -409,6 +409,28 @@ def _model_halfwidth(codec, n, shape) -> Stage:
                  why=f"rounding to {p + 1} significant bits")
 
 
+def _model_fp8(codec, n, shape) -> Stage:
+    # block scale s = M / FP_MAX with M the block's max |x| (about
+    # E[max] of B entries); y = |x| / s rounds to nearest with p mantissa
+    # bits: error uniform in +-ulp/2, ulp = 2**(max(floor(log2 y), emin) - p)
+    # in y units.  Where the scale puts the binade edges varies from block to
+    # block: the band spans every shift of them within one octave.
+    p, emin, fmax = (2, -14, 57344.0) if codec.e5m2 else (3, -6, 448.0)
+    B = max(1, min(codec.block, n))
+    s = _expected_max(B) / fmax
+    mses = []
+    for shift in np.linspace(0.0, 1.0, 9)[:-1]:
+        def err(t, shift=shift):
+            y = np.maximum(t / s, 1e-300)
+            e = np.maximum(np.floor(np.log2(y) + shift), emin) - shift - p
+            return np.where(t > 0, (4.0 ** e) * s * s / 12.0, 0.0)
+        mses.append(_half_normal_mean(err))
+    # each block's max entry (M**2 of its B entries' energy) is exact
+    exact = min(0.5, _expected_max(B) ** 2 / B) if B > 1 else 1.0
+    return Stage((1.0, 1.0), (min(mses) * (1.0 - exact), max(mses)), n, True,
+                 why=f"rounding to {p + 1} significant bits of a per-block scale")
+
+
 def _model_onebit(codec, n, shape) -> Stage:
     # per column, x -> the mean of its sign's entries: the projection keeps
     # (E|x|)^2 = 2/pi of the energy, plus the two fitted means' share of the
@@ -511,7 +533,8 @@ def _model_terngrad(codec, n, shape) -> Stage:
 #: the theory of each built-in codec, by name; a codec may instead define
 #: ``error_model(n, shape) -> Stage``
 MODELS: Dict[str, Callable[[Codec, int, tuple], Stage]] = {
-    "fp16": _model_halfwidth, "bf16": _model_halfwidth, "onebit": _model_onebit,
+    "fp16": _model_halfwidth, "bf16": _model_halfwidth, "fp8": _model_fp8,
+    "onebit": _model_onebit,
     "topk": _model_topk, "dgc": _model_dgc, "randk": _model_randk,
     "threshold": _model_threshold, "adaptive": _model_adaptive, "qsgd": _model_qsgd,
     "terngrad": _model_terngrad,
