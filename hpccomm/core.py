@@ -12,6 +12,7 @@ from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_b
                       resolve_gpu_aware)
 from .codecs.base import Codec, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
+from .collectives.mpi import device_allreduce
 from .collectives.on_device import DEVICE_ALGORITHMS, DevicePath, why_not_on_device
 from .collectives.transport import INT_MAX, Transport, dense_allreduce
 from .communicators import private_comm, ranks_on_node
@@ -441,12 +442,11 @@ class Allreducer:
               and (self.algorithm.supports_device or choice == "dense")):
             backend.synchronize(buf.device)
             call.nbytes = buf.size * np.dtype(buf.dtype).itemsize
-            if choice == "dense":
+            if self.algorithm.supports_device:
+                self.algorithm.reduce_device(buf.device, result_dev, backend, state, ctx)
+            else:                                   # auto chose dense
                 call.extra["auto"] = "dense"
-            if self.size == 1:
-                backend.copy(buf.device, result_dev)
-            else:
-                ctx.net.allreduce(buf.device, result_dev, nbytes=call.nbytes)
+                device_allreduce(buf.device, result_dev, backend, ctx)
             if self.op == "mean" and self.size > 1:
                 backend.divide(result_dev, self.size)
         else:

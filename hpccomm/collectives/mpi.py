@@ -28,8 +28,14 @@ class MpiAllreduce(Algorithm):
         ctx.net.allreduce(x, out)
 
     def reduce_device(self, x, out, backend, state, ctx):
-        """``x`` and ``out`` are device arrays; MPI reads them directly."""
-        if self.size == 1:
-            backend.copy(x, out)
-            return
-        ctx.net.allreduce(x, out, nbytes=ctx.call.nbytes)
+        device_allreduce(x, out, backend, ctx)
+
+
+def device_allreduce(x, out, backend, ctx) -> None:
+    """The dense sum of device arrays ``x`` into ``out``: CUDA-aware MPI reads
+    and writes them directly (a device copy on one rank).  ``mpi``'s device
+    path, and ``auto``'s when it chooses dense."""
+    if ctx.net.size == 1:
+        backend.copy(x, out)
+        return
+    ctx.net.allreduce(x, out, nbytes=ctx.call.nbytes)

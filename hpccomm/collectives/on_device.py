@@ -87,7 +87,8 @@ class DevicePath:
         self.staging, self.gpu_aware = staging, gpu_aware
         self.U = cuda_util
         self.rank, self.size = algorithm.rank, algorithm.size
-        self._recv = {}
+        #: device work buffers of the exchanges, by name, kept between calls
+        self._work = {}
 
     # -- the call ------------------------------------------------------------
     def choice(self, n: int, state, ctx) -> str:
@@ -219,9 +220,9 @@ class DevicePath:
         return [dev[o:o + c] for o, c in zip(offsets, counts)]
 
     def _scratch(self, name: str, nbytes: int):
-        buf = self._recv.get(name)
+        buf = self._work.get(name)
         if buf is None or buf.size < nbytes:
-            buf = self._recv[name] = self.U.empty(max(nbytes, 1), np.uint8)
+            buf = self._work[name] = self.U.empty(max(nbytes, 1), np.uint8)
         return buf[:nbytes]
 
     def _to_host(self, packets: list, slot: str, call) -> List[np.ndarray]:
