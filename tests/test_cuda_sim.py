@@ -9,36 +9,17 @@ simulator runs kernels as Python threads, about 200 ms per 10k elements:
 inputs stay small.  The checks demand the very bytes of the CPU packets.
 """
 import functools
-import os
-import subprocess
-import sys
 import warnings
 
 import numpy as np
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from .cudasim import run_check
+
 SIZES = [0, 1, 7, 33, 203]
 
 
-ENV = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
-
-
-@functools.lru_cache(maxsize=None)
-def _simulator_missing():
-    """Why the simulator cannot run here, or '' when it can."""
-    probe = subprocess.run([sys.executable, "-c", "from numba import cuda; cuda.to_device"],
-                           env=ENV, capture_output=True, text=True, timeout=120)
-    return "" if probe.returncode == 0 else probe.stderr.strip()[-200:]
-
-
-def _run(check):
-    if _simulator_missing():
-        pytest.skip(f"numba.cuda simulator unavailable: {_simulator_missing()}")
-    proc = subprocess.run([sys.executable, "-c", f"from tests.test_cuda_sim import {check}; "
-                           f"{check}()"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+_run = functools.partial(run_check, "test_cuda_sim")
 
 
 def _setup():
