@@ -138,6 +138,10 @@ class Codec:
     #: user dtypes the codec serves; codecs always see float32 (the caller
     #: widens float16 / bfloat16 and rounds the result back)
     input_dtypes: ClassVar[Tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    #: the one algorithm that carries a codec without packets (``powersgd``,
+    #: whose factors its own algorithm reduces); None: any algorithm that
+    #: takes its packets
+    algorithm: ClassVar[Optional[str]] = None
 
     def __init__(self, nonfinite: str = "raise"):
         if nonfinite not in ("raise", "propagate"):
