@@ -376,6 +376,12 @@ register_codec = CODECS.register
 available_codecs = CODECS.names
 
 
+def packet_codecs() -> Tuple[str, ...]:
+    """The registered codecs that encode packets: all but those reduced by
+    an algorithm of their own (``powersgd``), sorted."""
+    return tuple(name for name, cls in CODECS.items() if cls.algorithm is None)
+
+
 def get_codec(spec, **params) -> Codec:
     """A codec instance from a name (with ``params``) or an instance."""
     if isinstance(spec, Codec):

@@ -40,9 +40,31 @@ LANES = 8
 TILE = 256
 
 
+#: rows of LANES elements per step of the lane loop (too many for LLVM to
+#: unroll it fully: it vectorizes across the lanes instead, in the same order)
+ROWS = 8
+
+
 @njit(cache=True, nogil=True, inline="always")
-def _lanes_total(acc):
-    # fixed pairwise tree over LANES = 8 lanes
+def _dot_lanes(row, q, m, acc):
+    """The dot product of ``row[:m]`` (float32) and ``q[:m]`` (float64) in
+    LANES lanes (element ``j`` in lane ``j mod LANES``, in index order),
+    combined by a fixed pairwise tree; ``acc``: LANES float64 scratch."""
+    for k in range(LANES):
+        acc[k] = 0.0
+    g = ROWS * LANES
+    full = m - m % g
+    for j0 in range(0, full, g):
+        for rr in range(ROWS):
+            base = j0 + rr * LANES
+            for k in range(LANES):
+                acc[k] += np.float64(row[base + k]) * q[base + k]
+    body = m - m % LANES
+    for base in range(full, body, LANES):
+        for k in range(LANES):
+            acc[k] += np.float64(row[base + k]) * q[base + k]
+    for j in range(body, m):
+        acc[j - body] += np.float64(row[j]) * q[j]
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
 
 
@@ -56,19 +78,9 @@ def project(M, Q, P):
         for c in range(r):
             Qt[c, j] = np.float64(Q[j, c])
     for i in prange(n):
-        acc = np.zeros(LANES, dtype=np.float64)
-        row = M[i]
+        acc = np.empty(LANES, dtype=np.float64)
         for c in range(r):
-            q = Qt[c]
-            for k in range(LANES):
-                acc[k] = 0.0
-            full = m - m % LANES
-            for j0 in range(0, full, LANES):
-                for k in range(LANES):
-                    acc[k] += np.float64(row[j0 + k]) * q[j0 + k]
-            for j in range(full, m):
-                acc[j - full] += np.float64(row[j]) * q[j]
-            P[i, c] = np.float32(_lanes_total(acc))
+            P[i, c] = np.float32(_dot_lanes(M[i], Qt[c], m, acc))
 
 
 @njit(cache=True, nogil=True, parallel=True)
@@ -81,14 +93,12 @@ def back_project(M, P, Q):
         j0 = t * TILE
         j1 = min(j0 + TILE, m)
         w = j1 - j0
-        acc = np.zeros((r, w), dtype=np.float64)
+        acc = np.zeros((r, TILE), dtype=np.float64)
         for i in range(n):
-            row = M[i]
             for c in range(r):
                 p = np.float64(P[i, c])
-                a = acc[c]
                 for j in range(w):
-                    a[j] += np.float64(row[j0 + j]) * p
+                    acc[c, j] += np.float64(M[i, j0 + j]) * p
         for j in range(w):
             for c in range(r):
                 Q[j0 + j, c] = np.float32(acc[c, j])
