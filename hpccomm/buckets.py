@@ -16,6 +16,8 @@ Layer filters (as in DGC and CGX): tensors that are small (fewer than
 listed in ``dense``, go to the *dense* reducer (plain ``MPI_Allreduce`` by
 default) -- compressing them saves nothing and hurts accuracy most.
 
+Compressed buckets are reduced with their layout (the shapes of their
+tensors, in order: what per-tensor algorithms such as ``powersgd`` need).
 Keys are stable across steps (``"<prefix>/<kind><bucket index>"``) so that
 error feedback follows each bucket.  ``bucket_bytes=0`` reduces every
 compressed tensor on its own with its own shape (for per-column codecs such
@@ -120,9 +122,11 @@ class BucketRunner:
         for b, flat in zip(self.buckets, flats):
             if before is not None:
                 before(b, flat)
-            reducer = self.dense_reducer if b.dense else self.reducer
             target = flat.reshape(b.shape)
-            reducer(target, key=b.key, out=target)
+            if b.dense:
+                self.dense_reducer(target, key=b.key, out=target)
+            else:
+                self.reducer(target, key=b.key, out=target, layout=b.shapes)
             if after is not None:
                 after(b, flat)
 
@@ -130,9 +134,10 @@ class BucketRunner:
         """Start reducing bucket ``index``'s flat storage in place (non-blocking,
         :meth:`hpccomm.Allreducer.start`); the request's result is ``run``'s."""
         b = self.buckets[index]
-        reducer = self.dense_reducer if b.dense else self.reducer
         target = flat.reshape(b.shape)
-        return reducer.start(target, key=b.key, out=target)
+        if b.dense:
+            return self.dense_reducer.start(target, key=b.key, out=target)
+        return self.reducer.start(target, key=b.key, out=target, layout=b.shapes)
 
     def plan(self) -> List[Tuple[str, bool, List[str]]]:
         """``(key, dense, names)`` per bucket."""

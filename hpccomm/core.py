@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_bf16_bits,
                       resolve_gpu_aware)
-from .codecs.base import Codec, get_codec
+from .codecs.base import CODECS, Codec, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.mpi import device_allreduce
 from .collectives.on_device import DEVICE_ALGORITHMS, DevicePath, why_not_on_device
@@ -18,6 +18,7 @@ from .collectives.transport import INT_MAX, Transport, dense_allreduce
 from .communicators import private_comm, ranks_on_node
 from .errors import ConsistencyError, nonfinite_input
 from .kernels import threads
+from .layout import check_layout
 from .kernels.nonfinite import count_nonfinite
 from .memory import Memory, get_memory
 from . import requests
@@ -40,7 +41,8 @@ class Allreducer:
         private duplicate of it.
     codec, algorithm:
         Names from :func:`available_codecs` / :func:`available_algorithms`, or
-        a :class:`~hpccomm.codecs.Codec` instance.
+        a :class:`~hpccomm.codecs.Codec` instance.  Without an algorithm:
+        ``"mpi"``, or the codec's own (``powersgd``'s).
     op:
         ``"sum"`` or ``"mean"`` (the mean divides the sum by the number of
         ranks once, at the end, with IEEE division).
@@ -76,7 +78,7 @@ class Allreducer:
     """
 
     def __init__(self, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
-                 algorithm: str = "mpi", op: str = "sum", error_feedback: Any = None,
+                 algorithm: Optional[str] = None, op: str = "sum", error_feedback: Any = None,
                  check: str = "always", gpu_aware: Any = "auto", seed: int = 0, fused: bool = True,
                  codec_options: Optional[dict] = None, algorithm_options: Optional[dict] = None,
                  **options):
@@ -113,6 +115,8 @@ class Allreducer:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
+        if algorithm is None:
+            algorithm = _codec_algorithm(codec) or "mpi"
         alg_cls = get_algorithm_class(algorithm)
         codec_opts, alg_opts = resolve_options(codec, algorithm, options)
         codec_opts.update(codec_options or {})
@@ -196,7 +200,7 @@ class Allreducer:
         self.close()
 
     # ------------------------------------------------------------------ call
-    def _prepare(self, x, out, key):
+    def _prepare(self, x, out, key, layout=None):
         buf = as_buffer(x)
         if buf.dtype not in self.codec.input_dtypes:
             raise TypeError(f"codec {self.codec.name!r} does not take {buf.dtype} input "
@@ -220,6 +224,8 @@ class Allreducer:
                                  f"{buf.size} {buf.dtype} ({'device' if buf.on_device else 'host'})")
             if not obuf.on_device and not obuf.host.flags.writeable:
                 raise ValueError("out is read-only")
+        if layout is not None:
+            layout = check_layout(layout, buf.size)
         defer = self._defers_check(buf)
         if self._scans_input(buf, defer) and buf.size:
             if buf.on_device:
@@ -230,7 +236,7 @@ class Allreducer:
                                       bfloat16=buf.dtype == "bfloat16")
             if bad:
                 raise nonfinite_input(bad, self.codec.name)
-        return buf, obuf, defer
+        return buf, obuf, defer, layout
 
     def _scans_input(self, buf: Buffer, deferred: bool) -> bool:
         """Whether this call scans ``buf`` for NaN/Inf before the collective
@@ -254,20 +260,24 @@ class Allreducer:
                 and self.algorithm.checks_after_encode(buf.size, buf.shape)
                 and getattr(self.codec, "encode_with_feedback", None) is not None)
 
-    def __call__(self, x: Any, key: Optional[str] = None, *, out: Any = None) -> Any:
+    def __call__(self, x: Any, key: Optional[str] = None, *, out: Any = None,
+                 layout: Any = None) -> Any:
         """Reduce ``x`` over all ranks; return the result as the same kind of
         object and shape (written into ``out`` when given; ``out`` may be
-        ``x`` itself)."""
+        ``x`` itself).  ``layout``: the shapes of the tensors fused into
+        ``x``, in order (a fusion bucket's; their sizes add up to ``x``'s),
+        for algorithms that work per tensor (``powersgd``); the same on
+        every rank."""
         # behind the started calls, in order.  Draining them first (rather than
         # queueing this call when some are pending) keeps every rank on the
         # same path whatever its own thread has finished: a rank with nothing
         # pending and one still waiting must make the same MPI calls on the
         # same communicators.
         requests.drain()
-        return self._call(x, key, out)
+        return self._call(x, key, out, layout)
 
-    def _call(self, x: Any, key: Optional[str], out: Any) -> Any:
-        if key is not None and type(x) is np.ndarray:
+    def _call(self, x: Any, key: Optional[str], out: Any, layout: Any = None) -> Any:
+        if key is not None and type(x) is np.ndarray and layout is None:
             lean = self._lean.get(key)
             if lean is not None and x.shape == lean.shape and x.dtype == lean.dtype:
                 result = self._lean_call(lean, x, out)
@@ -277,13 +287,15 @@ class Allreducer:
         err = self.config_error
         prepared = None
         if err is None:
-            prepared, err = check_local(self._prepare, x, out, key)
+            prepared, err = check_local(self._prepare, x, out, key, layout)
         first = key is None or key not in self._states
         deferred = None
         if self.check == "always" or first or self._comm is None:
             if err is None:
                 buf = prepared[0]
                 desc = f"n={buf.size} dtype={buf.dtype} key={key!r} {self.describe()}"
+                if prepared[3] is not None:
+                    desc += f" layout={prepared[3]}"
                 if prepared[2]:
                     deferred = functools.partial(agree, self.comm, desc)
             else:
@@ -295,7 +307,7 @@ class Allreducer:
         if self._comm is None:
             self._comm = private_comm(self.parent)
             threads.fit_to_node(ranks_on_node(self._comm))
-        buf, obuf, defers = prepared
+        buf, obuf, defers, layout = prepared
         state = self._states.get(key) if key is not None else None
         if state is None:
             state = KeyState(n=buf.size)
@@ -305,7 +317,8 @@ class Allreducer:
             state.n = buf.size
         call = CallStats(key=key or "", n=buf.size)
         ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
-                            seed=self.seed, step=state.step, shape=buf.shape, key=key,
+                            seed=self.seed, step=state.step, shape=buf.shape, layout=layout,
+                            key=key,
                             fused=self.fused, finite=self._scans_input(buf, defers), agree=deferred)
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, ctx)
@@ -320,7 +333,8 @@ class Allreducer:
         return result
 
     # ------------------------------------------------------------------ non-blocking
-    def start(self, x: Any, key: Optional[str] = None, *, out: Any = None) -> Request:
+    def start(self, x: Any, key: Optional[str] = None, *, out: Any = None,
+              layout: Any = None) -> Request:
         """Start reducing ``x``; return a :class:`~hpccomm.requests.Request`
         whose ``wait()`` gives what ``self(x, key, out=out)`` gives, bit for
         bit (see :mod:`hpccomm.requests`).  ``x`` (and ``out``) must not be
@@ -328,7 +342,7 @@ class Allreducer:
         request = Request(key)
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:   # no thread may call MPI: run it now
             try:
-                request._finish(self._call_checked(x, key, out), None)
+                request._finish(self._call_checked(x, key, out, layout), None)
             except Exception as exc:  # noqa: BLE001 -- raised by wait(), as the thread would
                 request._finish(None, exc)
             return request
@@ -339,15 +353,15 @@ class Allreducer:
             self._comm = private_comm(self.parent)
             threads.fit_to_node(ranks_on_node(self._comm))
         requests.progress_thread().submit(request,
-                                          functools.partial(self._call_checked, x, key, out))
+                                          functools.partial(self._call_checked, x, key, out, layout))
         return request
 
-    def _call_checked(self, x: Any, key: Optional[str], out: Any) -> Any:
+    def _call_checked(self, x: Any, key: Optional[str], out: Any, layout: Any = None) -> Any:
         """A started call: the start order agreed first (unless the call's own
         agreement covers it, or ``check="never"``), then the blocking call."""
         if self.check == "first" and self.config_error is None:
             agree(self.comm, f"start key={key!r} n={_length(x)}")
-        return self._call(x, key, out)
+        return self._call(x, key, out, layout)
 
     # ------------------------------------------------------------------ lean path
     def _remember_lean(self, key, x, buf, state, call, desc) -> None:
@@ -485,7 +499,8 @@ class Allreducer:
 
 
 def allreduce(x: Any, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
-              algorithm: str = "mpi", op: str = "sum", out: Any = None, **options) -> Any:
+              algorithm: Optional[str] = None, op: str = "sum", out: Any = None,
+              **options) -> Any:
     """Reduce ``x`` over the ranks of ``comm`` and return the result as the
     same kind of object and shape as ``x``.
 
@@ -518,6 +533,15 @@ class _Lean:
     def __init__(self, key, shape, dtype, desc, scan, state, extra):
         self.key, self.shape, self.dtype, self.desc, self.scan = key, shape, dtype, desc, scan
         self.state, self.extra = state, extra
+
+
+def _codec_algorithm(codec: Any) -> Optional[str]:
+    """The algorithm a codec (name or instance) names as its own, or None."""
+    if isinstance(codec, Codec):
+        return codec.algorithm
+    if isinstance(codec, str) and codec in CODECS:
+        return CODECS.get(codec).algorithm
+    return None
 
 
 def _length(x: Any) -> Any:

@@ -14,7 +14,8 @@ class KeyState:
     ``residuals`` holds what the error-feedback memory (:mod:`hpccomm.memory`)
     carries from call to call, under named slots: ``"worker"`` before a rank's
     own encode, ``"owner"`` before an owner re-encodes its reduced chunk
-    (two-shot algorithms), ``"momentum"`` for DGC's velocity.  It is what
+    (two-shot algorithms), ``"momentum"`` for DGC's velocity,
+    ``"powersgd:q"`` for PowerSGD's warm-start factors.  It is what
     :meth:`state_dict` saves."""
 
     step: int = 0

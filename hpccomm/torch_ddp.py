@@ -17,15 +17,18 @@ So buckets are reduced while backward still computes the next ones, as with
 DDP's own allreduce.  The process group's ranks must be the MPI ranks (the
 group itself carries only DDP's start-up broadcasts).
 
-Buckets smaller than ``min_compress`` elements go through a plain
-``MPI_Allreduce`` (compressing them saves nothing); names in the state's
+The bucket's layout (the shapes of ``bucket.gradients()``) goes with it, so
+``codec="powersgd"`` compresses each weight matrix of the bucket as
+PyTorch's own ``powerSGD_hook`` does.  Buckets smaller than
+``min_compress`` elements go through a plain ``MPI_Allreduce`` (compressing
+them saves nothing); names in the state's
 ``policy`` are not available here (DDP's buckets mix parameters) -- use
 :class:`~hpccomm.torch_grads.GradReducer` for per-layer choices.  Each
 bucket's error feedback is kept under the key ``ddp/<index>/<numel>``: DDP
 rebuilds its buckets after the first iteration, and a rebuilt bucket starts
 with a fresh residual instead of another bucket's.
 """
-from typing import Any
+from typing import Any, Optional
 
 import torch
 import torch.distributed as dist
@@ -37,7 +40,7 @@ class DDPHookState:
     """The hook's state: the compressed and the dense reducer (``op="mean"``).
     Keyword arguments go to the compressed :class:`~hpccomm.Allreducer`."""
 
-    def __init__(self, comm=None, *, codec: str = "none", algorithm: str = "mpi",
+    def __init__(self, comm=None, *, codec: str = "none", algorithm: Optional[str] = None,
                  min_compress: int = 1024, **reducer_options: Any):
         self.reducer = Allreducer(comm, codec=codec, algorithm=algorithm, op="mean",
                                   **reducer_options)
@@ -66,5 +69,7 @@ def hpccomm_hook(state: DDPHookState,
         else:
             future.set_result(tensor)
 
-    reducer.start(tensor, key=f"ddp/{bucket.index()}/{n}", out=tensor).add_done_callback(complete)
+    layout = [tuple(g.shape) for g in bucket.gradients()] if reducer is state.reducer else None
+    reducer.start(tensor, key=f"ddp/{bucket.index()}/{n}", out=tensor,
+                  layout=layout).add_done_callback(complete)
     return future

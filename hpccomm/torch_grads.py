@@ -39,7 +39,7 @@ results are bit-identical to ``overlap=False``.  One backward per step: call
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Tuple, Union
+from typing import Iterable, Optional, Tuple, Union
 
 from .buckets import BucketRunner
 from .core import Allreducer
@@ -65,7 +65,7 @@ class GradReducer(BucketRunner):
     """
 
     def __init__(self, params: Union["torch.nn.Module", Iterable], comm=None, *,  # noqa: F821
-                 codec: str = "none", algorithm: str = "mpi", op: str = "mean",
+                 codec: str = "none", algorithm: Optional[str] = None, op: str = "mean",
                  bucket_bytes: int = 25 << 20, min_compress: int = 1024,
                  dense: Iterable[str] = (), compress_1d: bool = False, overlap: bool = False,
                  **reducer_options):

@@ -110,3 +110,35 @@ def test_hook_error_reaches_ddp_on_every_rank():
     (name, message), same = raise_everywhere(step)
     assert same and name is not None, message
     assert f"rank {SIZE - 1}: input holds" in message and "NaN/Inf" in message, message
+
+
+@pytest.mark.parametrize("rank", [1, 2])
+def test_powersgd_sends_what_pytorchs_powersgd_hook_counts(rank):
+    """The same model through PyTorch's ``powerSGD_hook`` and through hpccomm's
+    ``powersgd`` (one bucket, two dense steps, then two compressed): the
+    elements after compression PyTorch counts equal hpccomm's wire floats,
+    and both equal ``r (n + m)`` per weight matrix plus the bias, per step."""
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
+
+    def train(register, calls=None):
+        model = DDP(make_model(), bucket_cap_mb=25)      # one bucket
+        register(model)
+        for step in range(4):
+            model.zero_grad()
+            model(integer_batch(step)).sum().backward()
+            if calls is not None:
+                calls.append(ours.reducer.stats.last)
+        return [p.grad.numpy().copy() for p in model.parameters()]
+
+    theirs = psgd.PowerSGDState(process_group=None, matrix_approximation_rank=rank,
+                                start_powerSGD_iter=2, min_compression_rate=2)
+    train(lambda m: m.register_comm_hook(theirs, psgd.powerSGD_hook))
+    ours = DDPHookState(codec="powersgd", rank=rank, start_iter=2, min_compress=1)
+    calls = []
+    grads = train(lambda m: m.register_comm_hook(ours, hpccomm_hook), calls)
+    compressed = [c.extra["wire_floats"] for c in calls if "matrices" in c.extra["powersgd"]]
+    # Linear(40, 64): weight 64 x 40; Linear(64, 8): weight 8 x 64 and bias 8
+    per_step = rank * (64 + 40) + rank * (8 + 64) + 8
+    assert compressed == [per_step, per_step]
+    assert theirs.compression_stats()[2] == 2 * per_step
+    assert all(same_on_all_ranks(g) for g in grads)

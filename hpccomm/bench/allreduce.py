@@ -45,6 +45,7 @@ import time
 
 import numpy as np
 
+from ..codecs.base import CODECS
 from .harness import (case_options, device_sync, empty_like, fmt_bytes, make_buffer,
                       mpi_library, mpi_thread_level, parse_options, parse_range, sizes_from,
                       slowest_rank, to_numpy)
@@ -378,7 +379,8 @@ def main(argv=None) -> int:
     cases = [("-", "MPI_Allreduce"), ("none", "mpi")]
     skipped = []
     for c in codecs:
-        for a in algorithms:
+        own = CODECS.get(c).algorithm    # powersgd: its own algorithm only
+        for a in ([own] if own else algorithms):
             if (c, a) in cases:
                 continue
             # construction errors of an Allreducer wait for its first (collective) call;

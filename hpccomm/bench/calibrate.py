@@ -161,7 +161,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     patterns = measure_patterns(comm, LADDERS[mode], REPS[mode])
     names = (args.codec.split(",") if args.codec else
-             [c for c in hpccomm.available_codecs() if not c.startswith("test-")])
+             [c for c in hpccomm.codecs.packet_codecs() if not c.startswith("test-")])
     names = names + ["none"] if "none" not in names else names   # for the overhead
     kernels = {}
     for name in names:

@@ -18,6 +18,15 @@ the packet of ``v``, ``e' = v - decode(packet)`` -- through the codec's fused
 bytes memcpy moves per second (read + write).  The fused kernels are also
 timed against the three steps they replace (``3-step GB/s``).
 
+``powersgd`` has no packets (its algorithm reduces the factors): its row
+times one rank's local work of a call on the size as a matrix of about
+``sqrt(n)`` rows -- ``enc``: ``P = M Q``, Gram-Schmidt, ``Q_w = M^T P``;
+``dec``: ``P Q^T`` and ``P Q_w^T`` together; ``ef``: both and the residual
+``v - P Q_w^T`` (seven float32 passes: ``ef/floor`` counts ``28 n`` bytes);
+bits per element ``32 r (rows + cols) / n``; ``rel_l2`` the error of one
+power step from random ``Q`` (Gaussian matrices have no low-rank structure:
+it shows the step works, not what gradients lose).
+
 ``--device cuda``: the codecs' device twins (:mod:`hpccomm.device_codecs`) on
 a GPU, timed with CUDA events on one stream: ``ef`` is the twin's
 ``encode_with_feedback`` (input and residual already on the device), ``dec``
@@ -90,6 +99,51 @@ def measure(codec, x: np.ndarray, reps: int) -> dict:
         "roundtrip_gbs": x.nbytes / (t_enc + t_dec) / 1e9,
         "bits_per_element": 8.0 * packet.size / x.size,
         "rel_l2": float(np.linalg.norm(diff)) / norm if norm else 0.0,
+    }
+
+
+def measure_lowrank(codec, x: np.ndarray, reps: int) -> dict:
+    """The row of a codec without packets (``powersgd``): see the module docstring."""
+    from ..kernels import lowrank as K
+    from ..kernels.rng import stream_key
+
+    rows = 1 << (max(x.size, 1).bit_length() - 1) // 2
+    cols = x.size // rows
+    M = x[:rows * cols].reshape(rows, cols)
+    r = min(codec.rank, rows, cols)
+    Q = np.empty((cols, r), np.float32)
+    K.fill_uniform(stream_key(1, 0, 0, codec.codec_id), Q)
+    K.orthogonalize(Q, 0.0)
+    P, Qw = np.empty((rows, r), np.float32), np.empty((cols, r), np.float32)
+    out, share, e = (np.empty_like(M) for _ in range(3))
+
+    def compress():
+        K.project(M, Q, P)
+        K.orthogonalize(P, codec.orthogonalization_epsilon)
+        K.back_project(M, P, Qw)
+
+    def decompress():
+        K.expand_pair(P, Qw, Qw, out, share)
+
+    def local():
+        compress()
+        decompress()
+        np.subtract(M, share, out=e)
+
+    t_enc = _median_time(compress, reps)
+    t_dec = _median_time(decompress, reps)
+    t_ef = _median_time(local, reps)
+    nbytes = M.nbytes
+    norm = float(np.linalg.norm(M))
+    return {
+        "ef_fused": False, "ef_s": t_ef, "ef_gbs": nbytes / t_ef / 1e9,
+        "three_step_gbs": nbytes / t_ef / 1e9, "ef_bytes_moved": 7 * nbytes,
+        "encode_s": t_enc, "decode_s": t_dec,
+        "encode_gbs": nbytes / t_enc / 1e9, "decode_gbs": nbytes / t_dec / 1e9,
+        "roundtrip_gbs": nbytes / (t_enc + t_dec) / 1e9,
+        "bits_per_element": 32.0 * r * (rows + cols) / M.size,
+        "rel_l2": float(np.linalg.norm(out.astype(np.float64) - M)) / norm if norm else 0.0,
+        "matrix": [rows, cols],
     }
 
 
@@ -240,7 +294,7 @@ def main(argv=None) -> int:
         print(f"# memcpy {n} float32: {mem:.2f} GB/s", flush=True)
         for name in names:
             codec = hpccomm.get_codec(name, **per_codec.get(name, {}))
-            r = measure(codec, x, args.reps)
+            r = (measure_lowrank if codec.algorithm else measure)(codec, x, args.reps)
             r.update(codec=codec.describe(), n=n, memcpy_gbs=mem,
                      fraction_of_memcpy=r["roundtrip_gbs"] / mem,
                      ef_fraction_of_floor=r["ef_bytes_moved"] / r["ef_s"] / 1e9 / (2 * mem))
@@ -248,7 +302,8 @@ def main(argv=None) -> int:
             print(f"{codec.describe():>24} {n:>10} {r['bits_per_element']:>10.3f} "
                   f"{r['encode_gbs']:>9.2f} {r['decode_gbs']:>9.2f} {mem:>8.2f} "
                   f"{r['fraction_of_memcpy']:>17.1%} {r['rel_l2']:>9.2e} "
-                  f"{'fused' if r['ef_fused'] else '3-step':>6} {r['ef_gbs']:>8.2f} "
+                  f"{'fused' if r['ef_fused'] else 'local' if codec.algorithm else '3-step':>6} "
+                  f"{r['ef_gbs']:>8.2f} "
                   f"{r['three_step_gbs']:>11.2f} {r['ef_fraction_of_floor']:>8.1%}", flush=True)
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:

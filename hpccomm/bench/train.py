@@ -37,6 +37,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from ..codecs.base import CODECS
 from ..options import resolve_options
 from .harness import case_options, parse_options
 
@@ -325,7 +326,8 @@ def main(argv=None) -> int:
               f"{'MB sent':>8} {'reduce s':>8} {'compute s':>9} {'identical':>9}", flush=True)
     runs = []
     for codec in codecs:
-        algorithm = "mpi" if codec == "none" else args.algorithm
+        # none goes through MPI_Allreduce; powersgd through its own algorithm
+        algorithm = "mpi" if codec == "none" else (CODECS.get(codec).algorithm or args.algorithm)
         args.options = case_options(codec, algorithm, all_options)
         for seed in seeds:
             r = train_one(comm, data, codec, algorithm, seed, args)

@@ -138,6 +138,10 @@ class Codec:
     #: user dtypes the codec serves; codecs always see float32 (the caller
     #: widens float16 / bfloat16 and rounds the result back)
     input_dtypes: ClassVar[Tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    #: the one algorithm that carries a codec without packets (``powersgd``,
+    #: whose factors its own algorithm reduces); None: any algorithm that
+    #: takes its packets
+    algorithm: ClassVar[Optional[str]] = None
 
     def __init__(self, nonfinite: str = "raise"):
         if nonfinite not in ("raise", "propagate"):
@@ -370,6 +374,12 @@ def _unique_id(cls: Type[Codec], registered: Dict[str, Type[Codec]]) -> None:
 CODECS = Registry("codec", check=_unique_id)
 register_codec = CODECS.register
 available_codecs = CODECS.names
+
+
+def packet_codecs() -> Tuple[str, ...]:
+    """The registered codecs that encode packets: all but those reduced by
+    an algorithm of their own (``powersgd``), sorted."""
+    return tuple(name for name, cls in CODECS.items() if cls.algorithm is None)
 
 
 def get_codec(spec, **params) -> Codec:

@@ -60,6 +60,9 @@ class ReduceContext:
     step: int = 0
     #: the user's tensor shape (per-column codecs take their column length from it)
     shape: tuple = ()
+    #: the shapes of the tensors fused into the flat input, in order (the
+    #: caller's ``layout``; None: the input is one tensor of ``shape``)
+    layout: Optional[tuple] = None
     #: the call's key (None: a call without state)
     key: Optional[str] = None
     #: let codecs fuse error feedback into their encode (False: the reference path)
@@ -251,6 +254,10 @@ class Algorithm:
         self.codec = codec
         self.rank = comm.Get_rank()
         self.size = comm.Get_size()
+        if codec.algorithm is not None and codec.algorithm != self.name:
+            raise ValueError(f"codec {codec.name!r} is reduced by algorithm {codec.algorithm!r} "
+                             f"only, not {self.name!r} (leave the algorithm out: it is picked "
+                             f"by the codec)")
         self.check_codec(codec)
 
     def scratch(self, name: str, n: int, dtype=np.float32) -> np.ndarray:
