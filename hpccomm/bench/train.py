@@ -37,6 +37,7 @@ from typing import Dict, List
 
 import numpy as np
 
+from ..codecs.base import split_rotate
 from ..options import resolve_options
 from .harness import case_options, parse_options
 
@@ -312,7 +313,7 @@ def main(argv=None) -> int:
     all_options = parse_options(args.option)
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
     for c in codecs:
-        if c not in hpccomm.available_codecs():
+        if split_rotate(c)[0] not in hpccomm.available_codecs():   # "qsgd+rotate" too
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     data = load_dataset(args.dataset, args.samples)

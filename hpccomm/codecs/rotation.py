@@ -129,7 +129,8 @@ class RotatedCodec(Codec):
     codec_id = CODEC_ID
     dense = True
     summable = False
-    summable_when = "rotate=False (the summable form carries no step for the rotation's signs)"
+    summable_when = ("summable only with rotate=False (its summable form gets no step, which "
+                     "the rotation's signs need)")
 
     def __init__(self, inner: Codec, block: int = DEFAULT_BLOCK):
         if not isinstance(inner, Codec):
