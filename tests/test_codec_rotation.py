@@ -362,3 +362,17 @@ def test_rotation_halves_qsgd4_max_norm_error_on_student_t():
         a = rel_l2(hpccomm.get_codec("qsgd", bits=4, **kw), g, 2)
         b = rel_l2(hpccomm.get_codec("qsgd", bits=4, rotate=True, **kw), g, 2)
         assert abs(a / b - 1) < 0.02, (kw, a, b)
+
+
+def test_device_path_stages_a_rotated_codec():
+    """No device twin has a rotated codec's name: device input stages the
+    gradient, with the reason (the plain twin must not run it)."""
+    from hpccomm.collectives.on_device import why_not_on_device
+
+    r = hpccomm.Allreducer(MPI.COMM_SELF, codec="qsgd", algorithm="twoshot", rotate=True)
+    r(data(100), key="k")
+    assert why_not_on_device(r.algorithm, r.codec, r.memory, "float32") == \
+        "codec 'qsgd+rotate' has no device twin"
+    plain = hpccomm.Allreducer(MPI.COMM_SELF, codec="qsgd", algorithm="twoshot")
+    plain(data(100), key="k")
+    assert why_not_on_device(plain.algorithm, plain.codec, plain.memory, "float32") == ""
