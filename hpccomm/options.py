@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .codecs.base import CODECS, Codec
+from .codecs.base import CODECS, ROTATE_OPTIONS, Codec, split_rotate
 from .collectives.base import ALGORITHMS
 
 
@@ -20,7 +20,8 @@ def option_names(codec: Any = None, algorithm: Optional[str] = None) -> Tuple[fr
     """``(codec options, algorithm options)``: the parameter names the named
     codec and algorithm take (empty for ``None``, an unknown name or a codec
     instance, which takes no options)."""
-    c = CODECS.options(codec) if isinstance(codec, str) and codec in CODECS else frozenset()
+    name = split_rotate(codec)[0] if isinstance(codec, str) else None
+    c = CODECS.options(name) | ROTATE_OPTIONS if name in CODECS else frozenset()
     a = (ALGORITHMS.options(algorithm) if isinstance(algorithm, str) and algorithm in ALGORITHMS
          else frozenset())
     return c, a
@@ -42,18 +43,20 @@ def resolve_options(codec: Any, algorithm: Optional[str], options: Mapping[str, 
     """
     codec_name = codec.name if isinstance(codec, Codec) else codec
     takes_c, takes_a = option_names(codec, algorithm)
+    # "qsgd.bits" applies to "qsgd+rotate" too (and to a rotated instance)
+    base_name = split_rotate(codec_name)[0] if isinstance(codec_name, str) else codec_name
     codec_opts: Dict[str, Any] = {}
     alg_opts: Dict[str, Any] = {}
     for key, value in options.items():
         if not isinstance(key, str):
             raise TypeError(f"option names are strings, not {type(key).__name__}")
         scope, _, name = key.rpartition(".")
-        if scope and scope not in (codec_name, algorithm):
+        if scope and scope not in (codec_name, algorithm, base_name):
             if strict:
                 raise TypeError(f"option {key!r} is scoped to {scope!r}, which is neither the "
                                 f"codec {codec_name!r} nor the algorithm {algorithm!r}")
             continue
-        to_codec = name in takes_c and scope in ("", codec_name)
+        to_codec = name in takes_c and scope in ("", codec_name, base_name)
         to_alg = name in takes_a and scope in ("", algorithm)
         if to_codec and to_alg:
             raise TypeError(f"option {name!r} is taken by both codec {codec_name!r} and "

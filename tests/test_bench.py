@@ -214,6 +214,18 @@ def test_codecs_bench_runs(tmp_path):
         assert r["encode_gbs"] > 0 and r["decode_gbs"] > 0 and r["bits_per_element"] > 0
 
 
+def test_codecs_bench_takes_rotated_codecs(tmp_path):
+    """``--codec qsgd,qsgd+rotate``: both rows, an option scoped to ``qsgd``
+    applying to the rotated one too."""
+    out = tmp_path / "c.json"
+    proc = run([PY, "-m", "hpccomm.bench", "codecs", "--codec", "qsgd,qsgd+rotate", "--option",
+                "qsgd.norm=max", "--sizes", "4K", "--reps", "1", "-J", str(out)])
+    assert proc.returncode == 0, proc.stderr
+    assert [r["codec"] for r in json.loads(out.read_text())["rows"]] == [
+        "qsgd(bits=4,bucket=512,norm=max)",
+        "qsgd+rotate(bits=4,bucket=512,norm=max,rotate=True,rotate_block=1024)"]
+
+
 def test_plot_writes_pngs(tmp_path):
     pytest.importorskip("matplotlib")
     out = tmp_path / "r.json"

@@ -764,7 +764,9 @@ FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097
          ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 512, "norm": "max"}),
          ("qsgd", {"bits": 8, "bucket": 100}), ("qsgd", {"bits": 2, "bucket": 7}),
          ("qsgd", {"bits": 4, "bucket": 7, "norm": "max"}),
-         ("qsgd", {"bits": 8, "bucket": 5000, "norm": "max"})]
+         ("qsgd", {"bits": 8, "bucket": 5000, "norm": "max"}),
+         ("qsgd", {"rotate": True, "norm": "max"}), ("onebit", {"rotate": True, "rotate_block": 64}),
+         ("fp8", {"rotate": True, "rotate_block": 2})]
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
@@ -900,7 +902,7 @@ def test_feedback_form_is_contractive(name, params):
 
 
 @pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "fp8", "topk", "dgc", "threshold",
-                                  "adaptive", "terngrad", "qsgd"])
+                                  "adaptive", "terngrad", "qsgd", "qsgd+rotate"])
 def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
     x = np.arange(10, dtype=np.float32)
     x[7] = np.inf
@@ -966,7 +968,9 @@ OWNER = [("onebit", {}), ("onebit", {"col_len": 7}), ("fp16", {}), ("bf16", {}),
          ("terngrad", {}), ("terngrad", {"clip": None}),
          ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 7}),
          ("qsgd", {"bits": 8, "bucket": 100, "norm": "max"}),
-         ("qsgd", {"bits": 4, "bucket": 5000})]
+         ("qsgd", {"bits": 4, "bucket": 5000}),
+         ("qsgd", {"bits": 2, "bucket": 7, "rotate": True, "rotate_block": 4}),
+         ("onebit", {"rotate": True, "rotate_block": 8})]
 
 
 def owner_reference(codec, received, e, m, ctx):

@@ -31,8 +31,13 @@ CODEC_PARAMS = {
     "dgc": {"ratio": 0.2},
     "adaptive": {"proportion": 4},
     "qsgd": {"bits": 4, "bucket": 64},
+    "qsgd+rotate": {"bits": 4, "bucket": 64, "rotate_block": 64},
+    "onebit+rotate": {"rotate_block": 256},
 }
 CODECS = [c for c in packet_codecs() if not c.startswith("test-")]
+#: ``rotate=True`` (an option of the dense quantizers, not a registered
+#: name) in the pipeline tests of :func:`cases`
+ROTATED = ["qsgd+rotate", "onebit+rotate"]
 LENGTHS = [0, 1, 7, 33, 1000, 4097]
 SEED = 11
 
@@ -43,7 +48,7 @@ def make_codec(name):
 
 def cases(algorithms):
     out = []
-    for c in CODECS:
+    for c in CODECS + ROTATED:
         for a in algorithms:
             if a == "summable" and not make_codec(c).summable:
                 continue
@@ -223,6 +228,26 @@ def test_mismatched_codecs_raise_everywhere(algorithm):
     (name, message), agreed = raise_everywhere(
         lambda: hpccomm.allreduce(np.zeros(10, np.float32), codec=codec, algorithm=algorithm))
     assert name == "ConsistencyError" and "codec=fp16" in message and agreed
+
+
+@pytest.mark.parametrize("options", [{"rotate": True}, {"rotate": True, "rotate_block": 64}])
+def test_rotated_twoshot_in_segments_matches_the_reference(options):
+    """A rotated codec pipelines twoshot in segments (its segment unit is a
+    multiple of the rotation block): two calls with error feedback, each
+    equal to the reference pipeline."""
+    codec = hpccomm.get_codec("qsgd", bits=4, bucket=64, **options)
+    failures = pipeline_failures(codec, "twoshot", 4097, steps=2, error_feedback=True,
+                                 segments=3)
+    assert not failures, failures
+
+
+@pytest.mark.mpi(min_size=2)
+def test_mismatched_rotation_raises_everywhere():
+    opts = {"rotate": True, "rotate_block": 64 if RANK == SIZE - 1 else 128}
+    (name, message), agreed = raise_everywhere(
+        lambda: hpccomm.allreduce(np.zeros(10, np.float32), codec="qsgd", algorithm="twoshot",
+                                  **opts))
+    assert name == "ConsistencyError" and "rotate_block=64" in message and agreed
 
 
 @pytest.mark.mpi(min_size=2)

@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from ..codecs.base import CODECS
+from ..codecs.base import CODECS, split_rotate
 from .harness import (case_options, device_sync, empty_like, fmt_bytes, make_buffer,
                       mpi_library, mpi_thread_level, parse_options, parse_range, sizes_from,
                       slowest_rank, to_numpy)
@@ -370,7 +370,7 @@ def main(argv=None) -> int:
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
     algorithms = [a.strip() for a in args.algorithm.split(",") if a.strip()]
     for c in codecs:
-        if c not in hpccomm.available_codecs():
+        if split_rotate(c)[0] not in hpccomm.available_codecs():   # "qsgd+rotate" too
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
     for a in algorithms:
         if a not in hpccomm.available_algorithms():
@@ -379,7 +379,7 @@ def main(argv=None) -> int:
     cases = [("-", "MPI_Allreduce"), ("none", "mpi")]
     skipped = []
     for c in codecs:
-        own = CODECS.get(c).algorithm    # powersgd: its own algorithm only
+        own = CODECS.get(split_rotate(c)[0]).algorithm    # powersgd: its own algorithm only
         for a in ([own] if own else algorithms):
             if (c, a) in cases:
                 continue

@@ -210,7 +210,7 @@ def main_device(names, per_codec, sizes, reps, json_path) -> int:
     import hpccomm
     from numba import config, cuda
 
-    from ..device_codecs import device_codec_class
+    from ..device_codecs import device_codec_class, device_codec_for
 
     if not config.ENABLE_CUDASIM and not cuda.is_available():
         raise SystemExit("--device cuda: numba.cuda finds no GPU (NUMBA_ENABLE_CUDASIM=1 runs "
@@ -225,10 +225,11 @@ def main_device(names, per_codec, sizes, reps, json_path) -> int:
     for n in sizes:
         x = np.random.default_rng(n).standard_normal(n).astype(np.float32)
         for name in names:
-            if device_codec_class(name) is None:
+            codec = None if device_codec_class(name) is None else \
+                hpccomm.get_codec(name, **per_codec.get(name, {}))
+            if codec is None or device_codec_for(codec) is None:   # e.g. rotate=True
                 print(f"{name:>24} {n:>10}  (no device twin)")
                 continue
-            codec = hpccomm.get_codec(name, **per_codec.get(name, {}))
             r = measure_device(codec, x, reps)
             r.update(codec=codec.describe(), n=n, gpu=where)
             rows.append(r)

@@ -37,7 +37,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..codecs.base import CODECS
+from ..codecs.base import CODECS, split_rotate
 from ..options import resolve_options
 from .harness import case_options, parse_options
 
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
     all_options = parse_options(args.option)
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
     for c in codecs:
-        if c not in hpccomm.available_codecs():
+        if split_rotate(c)[0] not in hpccomm.available_codecs():   # "qsgd+rotate" too
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     data = load_dataset(args.dataset, args.samples)
@@ -327,7 +327,8 @@ def main(argv=None) -> int:
     runs = []
     for codec in codecs:
         # none goes through MPI_Allreduce; powersgd through its own algorithm
-        algorithm = "mpi" if codec == "none" else (CODECS.get(codec).algorithm or args.algorithm)
+        algorithm = "mpi" if codec == "none" else (CODECS.get(split_rotate(codec)[0]).algorithm
+                                                     or args.algorithm)
         args.options = case_options(codec, algorithm, all_options)
         for seed in seeds:
             r = train_one(comm, data, codec, algorithm, seed, args)

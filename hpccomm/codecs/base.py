@@ -336,6 +336,19 @@ class Codec:
         memory, ``packet`` is a host copy of its leading bytes (at least
         :data:`HEAD_BYTES`, or all of it) and ``size`` its size.  What lies in
         the payload (e.g. sparse indices) the decoders check."""
+        header = self.parse_header(packet, n)
+        expected = self._packet_size(packet, header)
+        size = packet.size if size is None else int(size)
+        if size != expected:
+            raise PacketError(f"{self.name}: packet is {size} bytes, its header implies "
+                              f"{expected}")
+        return header
+
+    def parse_header(self, packet: np.ndarray, n: int):
+        """The common header of ``packet`` for ``n`` elements, validated
+        (magic, codec id, version, n) but not yet against the packet's size:
+        :meth:`check_header` without its last step (a wrapper codec finds
+        its inner packet's size this way)."""
         if not isinstance(packet, np.ndarray) or packet.dtype != _U8 or packet.ndim != 1:
             raise PacketError(f"{self.name}: a packet is a 1-D uint8 array")
         if packet.size < HEADER_SIZE:
@@ -353,18 +366,26 @@ class Codec:
         if int(header["n"]) != n:
             raise PacketError(f"{self.name}: packet holds {int(header['n'])} elements, "
                               f"target has {n}")
-        expected = self._packet_size(packet, header)
-        size = packet.size if size is None else int(size)
-        if size != expected:
-            raise PacketError(f"{self.name}: packet is {size} bytes, its header implies "
-                              f"{expected}")
         return header
 
 
 # ---------------------------------------------------------------------------
 # Registry
 # ---------------------------------------------------------------------------
+#: codec ids in use by codecs that are not registered by name: the
+#: ``rotate=True`` wrapper of :mod:`.rotation`
+RESERVED_IDS = {13: "rotate"}
+#: the options every codec name takes (:func:`get_codec`): ``rotate=True``
+#: wraps a dense quantizer in the Hadamard rotation of :mod:`.rotation`
+ROTATE_OPTIONS = frozenset({"rotate", "rotate_block"})
+#: suffix of a codec name that means ``rotate=True`` (``"qsgd+rotate"``)
+ROTATE_SUFFIX = "+rotate"
+
+
 def _unique_id(cls: Type[Codec], registered: Dict[str, Type[Codec]]) -> None:
+    if cls.codec_id in RESERVED_IDS:
+        raise ValueError(f"codec id {cls.codec_id} is reserved for "
+                         f"{RESERVED_IDS[cls.codec_id]!r}")
     for existing in registered.values():
         if existing.codec_id == cls.codec_id and existing is not cls and existing.name != cls.name:
             raise ValueError(f"codec id {cls.codec_id} is already taken by {existing.name!r}")
@@ -382,12 +403,36 @@ def packet_codecs() -> Tuple[str, ...]:
     return tuple(name for name, cls in CODECS.items() if cls.algorithm is None)
 
 
+def split_rotate(name: str) -> Tuple[str, bool]:
+    """``("qsgd", True)`` for ``"qsgd+rotate"``, ``(name, False)`` otherwise."""
+    if isinstance(name, str) and name.endswith(ROTATE_SUFFIX):
+        return name[:-len(ROTATE_SUFFIX)], True
+    return name, False
+
+
 def get_codec(spec, **params) -> Codec:
-    """A codec instance from a name (with ``params``) or an instance."""
+    """A codec instance from a name (with ``params``) or an instance.
+
+    Every name takes the options ``rotate`` (default False) and
+    ``rotate_block``: ``rotate=True`` -- or the name with ``"+rotate"``
+    appended -- returns the codec wrapped in the randomized Hadamard rotation
+    of :mod:`hpccomm.codecs.rotation` (dense lossy quantizers only)."""
     if isinstance(spec, Codec):
         if params:
             raise TypeError("pass codec parameters only with a codec name")
         return spec
     if not isinstance(spec, str):
         raise TypeError(f"codec must be a name or a Codec, not {type(spec).__name__}")
-    return CODECS.get(spec)(**params)
+    name, suffixed = split_rotate(spec)
+    rotate = params.pop("rotate", None)
+    block = params.pop("rotate_block", None)
+    if suffixed:
+        if rotate is not None and rotate is not True:
+            raise ValueError(f"codec {spec!r} with rotate={rotate!r}: the name asks for "
+                             "rotate=True")
+        rotate = True
+    codec = CODECS.get(name)(**params)
+    if rotate is None and block is None:
+        return codec
+    from .rotation import rotated
+    return rotated(codec, False if rotate is None else rotate, block)
