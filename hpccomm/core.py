@@ -230,6 +230,12 @@ class Allreducer:
                                       bfloat16=buf.dtype == "bfloat16")
             if bad:
                 raise nonfinite_input(bad, self.codec.name)
+        check = getattr(self.codec, "check_values", None)
+        if check is not None and not defer and not buf.on_device and buf.size:
+            # a codec with a limited range (ebq): raised here, on every rank,
+            # rather than by one rank's encode after the agreement
+            check(buf.host, terms=self.size if self.algorithm.encodes_sums else 1,
+                  feedback=self.memory.enabled)
         return buf, obuf, defer
 
     def _scans_input(self, buf: Buffer, deferred: bool) -> bool:
