@@ -49,7 +49,7 @@ float32 spacing at ``r``), without error feedback:
 * ``allgather``: the same as ``twoshot`` (every rank adds the received
   **codes** in int64, :meth:`EbqCodec.decode_sum`, then rounds once).
 * ``summable``: the same: one integer ``MPI_Allreduce`` of the codes (int32
-  up to 2047 ranks, int64 beyond), one rounding.
+  up to 2048 ranks, int64 beyond), one rounding.
 * ``hierarchical``: the node sums are float32 sums of ``L_k`` inputs (``L``
   the largest node) before the outer algorithm sees them: ``|r - S| <= N b
   + gamma_(L-1) sum_p |x_p| + ulp(r) / 2`` (``N`` nodes, ``gamma_m = m u /
