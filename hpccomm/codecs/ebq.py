@@ -7,28 +7,29 @@ Codes and step.  The user's ``bound`` ``b`` (a float, ``2**-100 <= b <=
 (so ``8/9 < s / (2 b) <= 1``: at most ``log2(9/8) = 0.17`` bit per element
 more than a step of exactly ``2 b``).  A value ``v`` gets the code::
 
-    q = rint(v / s)               float64 division, ties to even, then
-    q -= 1 if q s - v > s / 2     (q += 1 if q s - v < -s / 2)
+    q = rint(float64(v) / s)      ties to even
     decode: float32(float64(q) * s)
 
 Codes are limited to ``|q| <= QMAX = 2**20 - 1`` in an encode; a value
 whose code is beyond raises ``ValueError`` (never wraps), so the codec
 takes ``|v|`` up to about ``2**20 s`` (``2**21 b``).
 
-The guarantee, proved in real arithmetic.  (1) ``|q s - v| <= s / 2``
-exactly: ``float64(v / s)`` is ``v / s`` within a relative ``2**-53``, so
-``rint`` gives ``q`` within ``1/2 + 2**-29`` of ``v / s`` and one
-correction suffices; the test ``q s - v`` is exact in float64 -- ``q s``
-is exact (``|q M| < 2**24``); for ``q != 0``, ``|v| >= s / 2 >= 2**(k +
-2)``, so both ``q s`` and ``v`` are multiples of ``2**(k - 21)`` below
-``2**(k + 25)`` in magnitude and their difference has at most 46
-significant bits; for ``q = 0`` it is ``-v``.  (2) The decode is exact:
-``q s = (q M) 2**k`` with ``|q M| < 2**24`` is a float32 (``s >= 2**-100``
-keeps it normal).  So every decoded element satisfies ``|decode - v| <= s /
-2 <= b``, in real arithmetic, for every finite float32 ``v`` whose code
-fits -- subnormals, +-0 (code 0; -0 decodes to +0) and exact half-steps
-included.  NaN/Inf raise ``NonFiniteError`` (``nonfinite="propagate"``
-is refused: there is no code for them).
+The guarantee, proved in real arithmetic.  (1) ``q`` is the integer nearest
+``v / s`` (ties to even), so ``|q s - v| <= s / 2``: write ``v = X 2**a``
+(``X`` an integer, ``|X| < 2**24``), ``s = M 2**k``.  If ``v / s`` is not
+a half-integer, its distance to every half-integer is at least ``1 / (2
+M) >= 1/30`` when ``a >= k``, and at least ``|v / s| / (2 |X|) > 2**-25
+|v / s|`` when ``a < k`` -- both more than the float64 division's error
+``2**-53 |v / s|`` for ``|v / s| < 2**47`` (far beyond ``QMAX``), so the
+rounded quotient rounds to the same integer; a half-integer quotient (below
+``2**22`` in range) is exact in float64 and ``rint`` breaks the tie as
+exact arithmetic would.  (2) The decode is exact: ``q s = (q M) 2**k`` with
+``|q M| < 2**24`` is a float32 (``s >= 2**-100`` keeps it normal).  So
+every decoded element satisfies ``|decode - v| <= s / 2 <= b``, in real
+arithmetic, for every finite float32 ``v`` whose code fits -- subnormals,
++-0 (code 0; -0 decodes to +0) and exact half-steps included.  NaN/Inf
+raise ``NonFiniteError`` (``nonfinite="propagate"`` is refused: there is
+no code for them).
 
 Sums of codes.  Decoded values are integer multiples of the same ``s``, so
 owners add **codes** (int64) and send the integer sum at no new error

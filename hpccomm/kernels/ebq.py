@@ -5,9 +5,8 @@ The format and the error proof are in :mod:`hpccomm.codecs.ebq`; here only
 what the loops do.  ``s`` is the codec's float32 step (at most 4
 significant bits), passed as a float64 (exact).
 
-* code of ``v``: ``q = rint(v / s)`` in float64 (ties to even), then one
-  correction step so that ``|q s - v| <= s / 2`` holds exactly (``q s - v``
-  is exact in float64 for ``|q| <= QMAX``, see the codec's proof);
+* code of ``v``: ``q = rint(v / s)`` in float64 (ties to even): the
+  integer nearest ``v / s``, so ``|q s - v| <= s / 2`` (the codec's proof);
 * zig-zag: ``z = (q << 1) ^ (q >> 63)`` (``0, -1, 1, -2, ... -> 0, 1, 2,
   3, ...``), as uint64;
 * a block's width ``w`` is the bit length of its largest ``z`` (0 for an
@@ -53,16 +52,11 @@ def _rint(y):
 
 @njit(cache=True, nogil=True, inline="always")
 def _code(v, s):
-    """The code of the float32 ``v`` for step ``s``: a float64 integer with
-    ``|q s - v| <= s / 2`` exactly; NaN for non-finite ``v``."""
-    xv = np.float64(v)
-    q = _rint(xv / s)
-    d = q * s - xv
-    if d > 0.5 * s:
-        q -= 1.0
-    elif d < -0.5 * s:
-        q += 1.0
-    return q
+    """The code of the float32 ``v`` for step ``s``: the integer nearest
+    ``v / s`` (ties to even) as a float64 -- the float64 division never
+    moves a float32 quotient across a half-integer (the codec's proof);
+    NaN for non-finite ``v``."""
+    return _rint(np.float64(v) / s)
 
 
 @njit(cache=True, nogil=True, inline="always")
