@@ -252,17 +252,25 @@ def owner_inputs(P, m, bound, kind, seed=0):
     if kind == "half-steps":    # every error +s/2 or close to it, same sign on every rank
         k = rng.integers(-1000, 1000, m).astype(np.float64)
         return [((k + 0.5 - 1e-4) * c.step).astype(np.float32) for _ in range(P)]
-    # codes near the limit: sums beyond 2**20, decoded with one rounding
-    k = rng.integers(K.QMAX - 1000, K.QMAX - 1, m).astype(np.float64) + 0.4
-    return [(k * c.step * rng.choice([-1, 1])).astype(np.float32) for _ in range(P)]
+    # codes near the limit, one sign per element on every rank: sums beyond
+    # 2**20, decoded with one rounding
+    sign = rng.choice([-1.0, 1.0], m)
+    return [(sign * (rng.integers(K.QMAX - 1000, K.QMAX - 1, m) + 0.4) * c.step).astype(
+        np.float32) for _ in range(P)]
+
+
+#: a step of 4 significant bits (15 2**-13): float32 sums of decoded values
+#: round beyond 2**20 codes (1e-3's step, 2**-9, sums exactly up to 2**24)
+BOUND15 = 9.4e-4
 
 
 @pytest.mark.parametrize("P", [1, 2, 3, 5])
 @pytest.mark.parametrize("m", [0, 1, 65, 1000])
 @pytest.mark.parametrize("kind", ["random", "half-steps", "large"])
-def test_owner_step_sums_codes_exactly(P, m, kind):
-    bound = 1e-3
+@pytest.mark.parametrize("bound", [1e-3, BOUND15])
+def test_owner_step_sums_codes_exactly(P, m, kind, bound):
     c = codec(bound)
+    assert bound != BOUND15 or c.step == 15 * 2.0 ** -13
     xs = owner_inputs(P, m, bound, kind)
     packets = [c.encode(x) for x in xs]
     out = np.empty(m, np.float32)
