@@ -68,9 +68,10 @@ only moves the error from one call to the next.
 Range checks before any transfer.  When the reducer's cross-rank check
 runs before the encode, it also checks ``|x| <= (QMAX - 1) s / T``
 (:meth:`EbqCodec.check_values`; ``T = P`` for ``hierarchical``, whose node
-sums are encoded, else 1; one step of margin for a residual), so a value
-out of range is raised on every rank; when the check is fused into the
-encode, the encode's own error goes through it.
+sums are encoded, else 1; one step of margin for a residual; device input
+through a host copy, as ebq has no device twin), so a value out of range is
+raised on every rank; when the check is fused into the encode, the
+encode's own error goes through it.
 
 Layout (version 1), little-endian::
 
