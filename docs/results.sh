@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 source .venv/bin/activate
 OUT=docs/data
 mkdir -p "$OUT"
-ALL=none,fp16,bf16,fp8,onebit,threshold,adaptive,terngrad,qsgd,topk,randk,dgc
+ALL=none,fp16,bf16,fp8,ebq,onebit,threshold,adaptive,terngrad,qsgd,topk,randk,dgc
 SPARSE=sparse_allgather,sparse_rd,sparse_split,kylix,sparse_op,rle_pipeline,oktopk
 bench() { mpiexec -n "$1" python -m mpi4py -m hpccomm.bench "${@:2}"; }
 

@@ -236,7 +236,27 @@ class Allreducer:
                                       bfloat16=buf.dtype == "bfloat16")
             if bad:
                 raise nonfinite_input(bad, self.codec.name)
+        check = getattr(self.codec, "check_values", None)
+        if check is not None and not defer and buf.size:
+            # a codec with a limited range (ebq): raised here, on every rank,
+            # rather than by one rank's encode after the agreement (device
+            # input: through a host copy; no such codec has a device twin)
+            check(self._host_copy(buf) if buf.on_device else buf.host,
+                  terms=self.size if self.algorithm.encodes_sums else 1,
+                  feedback=self.memory.enabled)
         return buf, obuf, defer, layout
+
+    @staticmethod
+    def _host_copy(buf: Buffer) -> np.ndarray:
+        """A host copy of device input ``buf``, widened to float32."""
+        buf.backend.synchronize(buf.device)
+        if buf.dtype == "bfloat16":
+            bits = np.empty(buf.size, np.uint16)
+            buf.backend.to_host(buf.device, bits)
+            return bf16_bits_to_f32(bits)
+        host = np.empty(buf.size, np.dtype(buf.dtype))
+        buf.backend.to_host(buf.device, host)
+        return host
 
     def _scans_input(self, buf: Buffer, deferred: bool) -> bool:
         """Whether this call scans ``buf`` for NaN/Inf before the collective

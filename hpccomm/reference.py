@@ -214,6 +214,8 @@ class Pipeline:
                 self._update(self.worker, r, v, codec.decode(packets[r], np.empty(n, np.float32)))
         if P == 1:
             codec.decode(packets[0], out)
+        elif getattr(codec, "decode_sum", None) is not None:
+            codec.decode_sum(packets, out)
         else:
             for src in range(P):    # in rank order
                 codec.decode_add(packets[src], out)
@@ -431,6 +433,15 @@ def _model_fp8(codec, n, shape) -> Stage:
                  why=f"rounding to {p + 1} significant bits of a per-block scale")
 
 
+def _model_ebq(codec, n, shape) -> Stage:
+    # uniform quantization with step s << 1 on N(0, 1): the error is
+    # uniform in +-s/2 and uncorrelated with x, mse s**2 / 12; owners add
+    # integer codes and re-encode them exactly (the owner keeps everything)
+    mse = codec.step ** 2 / 12.0
+    return Stage((1.0, 1.0), (mse, mse), n, True, owner=lambda P: 1.0,
+                 why=f"uniform quantization, step {codec.step:.4g}")
+
+
 def _model_onebit(codec, n, shape) -> Stage:
     # per column, x -> the mean of its sign's entries: the projection keeps
     # (E|x|)^2 = 2/pi of the energy, plus the two fitted means' share of the
@@ -533,7 +544,7 @@ def _model_terngrad(codec, n, shape) -> Stage:
 #: the theory of each built-in codec, by name; a codec may instead define
 #: ``error_model(n, shape) -> Stage``
 MODELS: Dict[str, Callable[[Codec, int, tuple], Stage]] = {
-    "fp16": _model_halfwidth, "bf16": _model_halfwidth, "fp8": _model_fp8,
+    "fp16": _model_halfwidth, "bf16": _model_halfwidth, "fp8": _model_fp8, "ebq": _model_ebq,
     "onebit": _model_onebit,
     "topk": _model_topk, "dgc": _model_dgc, "randk": _model_randk,
     "threshold": _model_threshold, "adaptive": _model_adaptive, "qsgd": _model_qsgd,

@@ -43,6 +43,7 @@ class ZeroDecoder:
 
     encode_with_feedback = None     # the fused paths would not go through the decoder
     owner_step = None
+    decode_sum = None               # (allgather's sum of packets, ebq)
 
     def _decode_into(self, packet, header, out, add):
         if not add:

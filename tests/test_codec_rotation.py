@@ -305,6 +305,8 @@ def test_options_and_refusals():
         hpccomm.get_codec("none", rotate=True)
     with pytest.raises(ValueError, match="'powersgd' is reduced by an algorithm of its own"):
         hpccomm.get_codec("powersgd", rotate=True)
+    with pytest.raises(ValueError, match="'ebq' is bounded per element"):
+        hpccomm.get_codec("ebq", rotate=True)
     for block in (0, 1, 3, 1000, 1 << 17, 2.0, True, "64"):
         with pytest.raises(ValueError, match="rotate_block must be a power of two"):
             hpccomm.get_codec("qsgd", rotate=True, rotate_block=block)

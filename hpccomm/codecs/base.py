@@ -138,6 +138,9 @@ class Codec:
     #: user dtypes the codec serves; codecs always see float32 (the caller
     #: widens float16 / bfloat16 and rounds the result back)
     input_dtypes: ClassVar[Tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    #: guarantees an error bound per element (``ebq``): a transform that mixes
+    #: elements before it (``rotate=True``) would void the guarantee
+    elementwise_bound: ClassVar[bool] = False
     #: the one algorithm that carries a codec without packets (``powersgd``,
     #: whose factors its own algorithm reduces); None: any algorithm that
     #: takes its packets

@@ -137,9 +137,12 @@ class RotatedCodec(Codec):
             raise TypeError(f"rotate: the inner codec must be a Codec, not {type(inner).__name__}")
         if isinstance(inner, RotatedCodec):
             raise ValueError(f"rotate: {inner.name!r} is already rotated")
-        if not inner.dense or inner.lossless or inner.algorithm is not None:
-            why = ("lossless" if inner.lossless else "not a dense quantizer"
-                   if inner.algorithm is None else "reduced by an algorithm of its own")
+        if not inner.dense or inner.lossless or inner.algorithm is not None \
+                or inner.elementwise_bound:
+            why = ("lossless" if inner.lossless
+                   else "reduced by an algorithm of its own" if inner.algorithm is not None
+                   else "bounded per element, which a rotation would void"
+                   if inner.elementwise_bound else "not a dense quantizer")
             raise ValueError(f"rotate=True needs a dense lossy codec (onebit, terngrad, qsgd, "
                              f"fp8, fp16, bf16); {inner.name!r} is {why}")
         super().__init__(nonfinite=inner.nonfinite)

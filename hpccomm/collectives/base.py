@@ -247,6 +247,9 @@ class Algorithm:
     #: (so a codec's ``encode_with_feedback`` may fuse the bracket, and the
     #: call's cross-rank check may wait for its NaN/Inf count)
     fuses_feedback: ClassVar[bool] = False
+    #: encodes sums of several ranks' inputs (hierarchical's node sums): a
+    #: codec's range check (``check_values``) then allows for ``P`` terms
+    encodes_sums: ClassVar[bool] = False
 
     def __init__(self, comm: MPI.Comm, codec: Codec, **options):
         if options:

@@ -189,6 +189,8 @@ def node_layout(comm: MPI.Comm, nodes: Optional[Sequence[int]]) -> _Layout:
 class Hierarchical(Algorithm):
     name = "hierarchical"
 
+    encodes_sums = True
+
     def __init__(self, comm, codec, outer: str = "twoshot", nodes: Optional[Sequence[int]] = None):
         super().__init__(comm, codec)
         if outer == "hierarchical":
