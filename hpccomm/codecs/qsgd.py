@@ -78,9 +78,10 @@ most codes are non-zero and Elias coding loses at 4 and 8 bits (4.22 and
 12.0 bits per element): use it with the l2 norm or at 2 bits.
 
 Passes over memory: encode (and its fused forms) is the fixed-width
-kernel's pass into scratch codes (``bits / 8`` bytes per element), then two
-reads of those codes -- the bit counts ``T_j``, then the streams, written
-straight into the packet; decode reads the streams once into int8 codes
+kernel's pass into scratch codes (``bits / 8`` bytes per element), then one
+read of those codes that writes the streams and ``T_j`` into a scratch of
+the worst case (only its written pages are touched) and a copy of the ``S``
+stream bytes into the packet; decode reads the streams once into int8 codes
 (``n`` bytes), then one pass writes ``out``.  The kernels run on one
 thread; buckets are independent (the table gives each one's place), so a
 parallel form would give the same bytes.
@@ -154,18 +155,18 @@ def elias_worst_bits(levels: int) -> int:
     return 2 + int(E.omega_length(levels))
 
 
-_OMEGA = []
+_OMEGA = {}
 
 
 def omega_tables():
     """The codewords and lengths of the Elias-omega codes of ``1 ..
     E.TABLE - 1`` (built on first use)."""
-    if not _OMEGA:
+    if "encode" not in _OMEGA:
         codes = np.empty(E.TABLE, dtype=np.uint32)
         lengths = np.empty(E.TABLE, dtype=np.uint8)
         E.omega_table(codes, lengths)
-        _OMEGA.append((codes, lengths))
-    return _OMEGA[0]
+        _OMEGA["encode"] = codes, lengths
+    return _OMEGA["encode"]
 
 
 def _aligned(a: np.ndarray) -> np.ndarray:
@@ -306,20 +307,22 @@ class QSGDCodec(Codec):
 
     def _elias_packet(self, n, bucket, scales, codes):
         """The Elias packet (layout version 2) of the fixed-width ``codes``
-        and the ``scales``: the bucket streams' bit counts in one pass over
-        the codes (:func:`~hpccomm.kernels.elias.elias_sizes`), the streams
-        in a second (:func:`~hpccomm.kernels.elias.elias_write`)."""
+        and the ``scales``: the streams in one pass over the codes
+        (:func:`~hpccomm.kernels.elias.elias_encode`) into a scratch of the
+        worst case (only the pages written are touched), then copied after
+        the header, scales and table."""
         nb = scales.size
         table = np.empty(nb, dtype=np.uint32)
         words, lengths = omega_tables()
-        nbytes = int(E.elias_sizes(codes, self.bits, bucket, n, lengths, table))
         head = ELIAS_PREFIX + 8 * nb
+        scratch = np.empty(self.max_wire_size(n) - head, dtype=np.uint8)
+        nbytes = int(E.elias_encode(codes, self.bits, bucket, n, words, lengths, table, scratch))
         packet = self.new_packet(head + nbytes, n, extra=bucket | self.bits << 28,
                                  zeroed=False)
         packet[HEADER_SIZE:ELIAS_PREFIX].view("<u8")[0] = nbytes
         packet[ELIAS_PREFIX:ELIAS_PREFIX + 4 * nb] = scales.view(np.uint8)
         packet[ELIAS_PREFIX + 4 * nb:head] = table.view(np.uint8)
-        E.elias_write(codes, self.bits, bucket, n, words, lengths, table, packet[head:])
+        packet[head:] = scratch[:nbytes]
         return packet
 
     def _elias_codes(self, packet, header, n):

@@ -113,34 +113,6 @@ def _len_of(v, lengths):
     return np.int64(lengths[v]) if v < lengths.size else np.int64(omega_length(v))
 
 
-@njit(cache=True, nogil=True)
-def elias_sizes(packed, bits, bucket, n, lengths, table):
-    """Bit count of every bucket's stream into ``table`` (uint32, one per
-    bucket) from the packed fixed-width codes; returns the stream bytes
-    ``sum ceil(table[j] / 8)``."""
-    per = 8 // bits
-    total = 0
-    for j in range(table.size):
-        lo = j * bucket
-        hi = min(lo + bucket, n)
-        t = 0
-        prev = lo - 1
-        i = lo
-        while i < hi:
-            if (i % per) == 0 and i + per <= hi and packed[(i * bits) >> 3] == 0:
-                i += per            # a whole byte of zero codes
-                continue
-            c = _code_at(packed, i, bits)
-            if c != 0:
-                a = -c if c < 0 else c
-                t += _len_of(i - prev, lengths) + 1 + np.int64(lengths[a])
-                prev = i
-            i += 1
-        table[j] = t
-        total += (t + 7) >> 3
-    return total
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _put(stream, pos, acc, nacc, code, length):
     """Append the ``length`` low bits of ``code`` (``length <= 32``) to the
@@ -165,11 +137,25 @@ def _put_omega(stream, pos, acc, nacc, v, codes, lengths):
     return _put(stream, pos, acc, nacc, c, m)
 
 
+#: buckets up to this size take the branch-free encoder: a gap's code (at
+#: most ``|omega(1024)|`` = 18 bits), the sign and a level's (at most 13)
+#: fit the 64-bit accumulator beside the 31 bits it may hold
+FAST_BUCKET = 1024
+
+
 @njit(cache=True, nogil=True)
-def elias_write(packed, bits, bucket, n, codes, lengths, table, stream):
-    """Write every bucket's stream (the bit counts ``table`` from
-    :func:`elias_sizes`) into ``stream``, bucket ``j`` from byte ``sum_{k<j}
-    ceil(table[k] / 8)``, its last byte padded with zero bits."""
+def elias_encode(packed, bits, bucket, n, codes, lengths, table, stream):
+    """Every bucket's stream from the packed fixed-width codes, in one pass:
+    bucket ``j``'s bit count into ``table[j]`` and its bits into ``stream``
+    from byte ``sum_{k<j} ceil(table[k] / 8)``, its last byte padded with
+    zero bits.  ``stream`` must hold the worst case (``h (2 + |omega(L)|)``
+    bits per bucket of ``h``, in whole bytes).  Returns the bytes written.
+
+    Buckets of at most :data:`FAST_BUCKET` go element by element without
+    branches on the data: each element appends ``omega(gap) sign
+    omega(level)`` (from the codeword table) of length 0 when its code is 0,
+    and whole 32-bit words leave the accumulator.  Larger buckets (gaps
+    beyond the table) append code by code, skipping bytes of zero codes."""
     per = 8 // bits
     pos = 0
     for j in range(table.size):
@@ -177,24 +163,58 @@ def elias_write(packed, bits, bucket, n, codes, lengths, table, stream):
         hi = min(lo + bucket, n)
         acc = np.uint64(0)
         nacc = 0
+        t = 0
         prev = lo - 1
-        i = lo
-        while i < hi:
-            if (i % per) == 0 and i + per <= hi and packed[(i * bits) >> 3] == 0:
-                i += per
-                continue
-            c = _code_at(packed, i, bits)
-            if c != 0:
+        if bucket <= FAST_BUCKET:
+            for i in range(lo, hi):
+                c = _code_at(packed, i, bits)
                 a = -c if c < 0 else c
-                pos, acc, nacc = _put_omega(stream, pos, acc, nacc, i - prev, codes, lengths)
-                pos, acc, nacc = _put(stream, pos, acc, nacc, np.uint64(c < 0), 1)
-                pos, acc, nacc = _put(stream, pos, acc, nacc, np.uint64(codes[a]),
-                                      np.int64(lengths[a]))
-                prev = i
-            i += 1
+                g = i - prev
+                la = np.int64(lengths[a])
+                w = (((np.uint64(codes[g]) << np.uint64(1)) | np.uint64(c < 0))
+                     << np.uint64(la)) | np.uint64(codes[a])
+                m = np.int64(lengths[g]) + 1 + la
+                nz = c != 0
+                m = m if nz else 0
+                w = w if nz else np.uint64(0)
+                prev = i if nz else prev
+                acc = (acc << np.uint64(m)) | w
+                nacc += m
+                t += m
+                if nacc >= 32:
+                    nacc -= 32
+                    v = acc >> np.uint64(nacc)
+                    stream[pos] = np.uint8((v >> np.uint64(24)) & np.uint64(0xFF))
+                    stream[pos + 1] = np.uint8((v >> np.uint64(16)) & np.uint64(0xFF))
+                    stream[pos + 2] = np.uint8((v >> np.uint64(8)) & np.uint64(0xFF))
+                    stream[pos + 3] = np.uint8(v & np.uint64(0xFF))
+                    pos += 4
+        else:
+            i = lo
+            while i < hi:
+                if (i % per) == 0 and i + per <= hi and packed[(i * bits) >> 3] == 0:
+                    i += per            # a whole byte of zero codes
+                    continue
+                c = _code_at(packed, i, bits)
+                if c != 0:
+                    a = -c if c < 0 else c
+                    t += _len_of(i - prev, lengths) + 1 + np.int64(lengths[a])
+                    pos, acc, nacc = _put_omega(stream, pos, acc, nacc, i - prev, codes,
+                                                lengths)
+                    pos, acc, nacc = _put(stream, pos, acc, nacc, np.uint64(c < 0), 1)
+                    pos, acc, nacc = _put(stream, pos, acc, nacc, np.uint64(codes[a]),
+                                          np.int64(lengths[a]))
+                    prev = i
+                i += 1
+        while nacc >= 8:
+            nacc -= 8
+            stream[pos] = np.uint8((acc >> np.uint64(nacc)) & np.uint64(0xFF))
+            pos += 1
         if nacc:
             stream[pos] = np.uint8((acc << np.uint64(8 - nacc)) & np.uint64(0xFF))
             pos += 1
+        table[j] = t
+    return pos
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -233,7 +253,9 @@ def elias_decode(stream, table, bucket, n, levels, worst, out):
     8)`` equal to ``stream.size``.  Returns ``(error, bucket)``: 0 when the
     streams are well formed (``out`` then holds the codes), else one of the
     ``ERR_*`` codes and the bucket where it was found (``out`` unspecified).
-    Each bucket's bits are read once."""
+    Each bucket's bits are read once, bit by bit: the next bit's address
+    does not wait for the bits before (a table lookup of whole codes would
+    chain every load to the one before and measured slower)."""
     total = 0
     for j in range(table.size):
         h = min(bucket, n - j * bucket)
