@@ -767,7 +767,8 @@ FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097
          ("qsgd", {"bits": 8, "bucket": 5000, "norm": "max"}),
          ("qsgd", {"rotate": True, "norm": "max"}), ("onebit", {"rotate": True, "rotate_block": 64}),
          ("fp8", {"rotate": True, "rotate_block": 2}),
-         ("qsgd", {"elias": True}), ("qsgd", {"bits": 2, "bucket": 7, "elias": True})]
+         ("qsgd", {"elias": True}), ("qsgd", {"bits": 2, "bucket": 7, "elias": True}),
+         ("qsgd", {"elias": True, "rotate": True})]
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
