@@ -766,7 +766,9 @@ FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097
          ("qsgd", {"bits": 4, "bucket": 7, "norm": "max"}),
          ("qsgd", {"bits": 8, "bucket": 5000, "norm": "max"}),
          ("qsgd", {"rotate": True, "norm": "max"}), ("onebit", {"rotate": True, "rotate_block": 64}),
-         ("fp8", {"rotate": True, "rotate_block": 2})]
+         ("fp8", {"rotate": True, "rotate_block": 2}),
+         ("qsgd", {"elias": True}), ("qsgd", {"bits": 2, "bucket": 7, "elias": True}),
+         ("qsgd", {"elias": True, "rotate": True})]
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
@@ -970,7 +972,8 @@ OWNER = [("onebit", {}), ("onebit", {"col_len": 7}), ("fp16", {}), ("bf16", {}),
          ("qsgd", {"bits": 8, "bucket": 100, "norm": "max"}),
          ("qsgd", {"bits": 4, "bucket": 5000}),
          ("qsgd", {"bits": 2, "bucket": 7, "rotate": True, "rotate_block": 4}),
-         ("onebit", {"rotate": True, "rotate_block": 8})]
+         ("onebit", {"rotate": True, "rotate_block": 8}),
+         ("qsgd", {"bits": 2, "bucket": 7, "elias": True})]
 
 
 def owner_reference(codec, received, e, m, ctx):

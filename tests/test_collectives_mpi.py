@@ -38,17 +38,23 @@ CODECS = [c for c in packet_codecs() if not c.startswith("test-")]
 #: ``rotate=True`` (an option of the dense quantizers, not a registered
 #: name) in the pipeline tests of :func:`cases`
 ROTATED = ["qsgd+rotate", "onebit+rotate"]
+#: layout variants of a codec that run the registry-parametrised cases too,
+#: as "name:variant" (their own wire format: ``qsgd``'s Elias coding)
+VARIANTS = {"qsgd:elias": ("qsgd", {"bits": 4, "bucket": 64, "elias": True})}
 LENGTHS = [0, 1, 7, 33, 1000, 4097]
 SEED = 11
 
 
 def make_codec(name):
+    if name in VARIANTS:
+        base, params = VARIANTS[name]
+        return hpccomm.get_codec(base, **params)
     return hpccomm.get_codec(name, **CODEC_PARAMS.get(name, {}))
 
 
 def cases(algorithms):
     out = []
-    for c in CODECS + ROTATED:
+    for c in CODECS + ROTATED + [v for v in VARIANTS if VARIANTS[v][0] in CODECS]:
         for a in algorithms:
             if a == "summable" and not make_codec(c).summable:
                 continue
@@ -255,6 +261,23 @@ def test_mismatched_lengths_raise_everywhere_for_compressed_algorithms():
     (name, message), agreed = raise_everywhere(
         lambda: hpccomm.allreduce(np.zeros(10 + RANK, np.float32), algorithm="twoshot"))
     assert name == ConsistencyError.__name__ and "n=10" in message and agreed
+
+
+def test_qsgd_elias_mismatch_and_summable_raise_everywhere():
+    """``elias`` is a parameter every rank must share, and the summable
+    form (integer codes) refuses it."""
+    if "qsgd" not in CODECS:
+        pytest.skip("needs qsgd")
+    elias = RANK == SIZE - 1
+    (name, message), agreed = raise_everywhere(
+        lambda: hpccomm.allreduce(np.zeros(10, np.float32), codec="qsgd", elias=elias,
+                                  algorithm="twoshot"))
+    if SIZE > 1:
+        assert name == "ConsistencyError" and "elias=True" in message and agreed
+    (name, message), agreed = raise_everywhere(
+        lambda: hpccomm.allreduce(np.zeros(4, np.float32), codec="qsgd", elias=True,
+                                  algorithm="summable"))
+    assert name == "ValueError" and "elias=False" in message and agreed
 
 
 def test_summable_refuses_non_summable_codecs():

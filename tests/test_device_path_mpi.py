@@ -169,3 +169,18 @@ def test_fallback_stages_gradient_and_says_why(backend):
     assert extra["staged"] == "gradient" and "dgc" in extra["device"], extra
     assert all(COMM.allgather(bool(np.array_equal(want, got.host))))
     assert backend.to_host_calls == 1 and backend.from_host_calls == 1
+
+
+def test_qsgd_elias_stages_the_gradient_and_says_why(backend):
+    """qsgd's Elias coding has no device kernels: the twin refuses it, the
+    call stages the gradient through the host path (its bits) and says why."""
+    if "qsgd" not in TWINS:
+        pytest.skip("qsgd has no device twin")
+    host, dev = _pair("qsgd", "twoshot", elias=True, error_feedback=True)
+    x = rank_data(300, seed=6)
+    want = host(x.copy(), key="e")
+    got = dev(FakeDeviceArray(x.copy()), key="e")
+    extra = dev.stats.last.extra
+    assert extra["staged"] == "gradient" and "elias=True" in extra["device"], extra
+    assert all(COMM.allgather(bool(np.array_equal(want, got.host))))
+    assert backend.to_host_calls == 1 and backend.from_host_calls == 1

@@ -28,7 +28,7 @@ def test_unknown_option_names_what_is_taken():
         resolve_options("qsgd", "twoshot", {"ratio": 0.1})
     msg = str(info.value)
     assert "unknown option 'ratio' for codec 'qsgd' and algorithm 'twoshot'" in msg
-    assert "codec 'qsgd' takes bits, bucket, nonfinite, norm" in msg
+    assert "codec 'qsgd' takes bits, bucket, elias, nonfinite, norm" in msg
     assert "algorithm 'twoshot' takes segments" in msg
     with pytest.raises(TypeError, match="unknown option 'bogus' for algorithm 'kylix' "
                                         r"\(algorithm 'kylix' takes degrees, hash_indices\)"):

@@ -1,9 +1,11 @@
-"""``qsgd``: QSGD (Alistarh et al., NeurIPS 2017), fixed-width ("b-bit") codes.
+"""``qsgd``: QSGD (Alistarh et al., NeurIPS 2017), fixed-width ("b-bit") codes,
+or with ``elias=True`` the paper's variable-length Elias coding of the same codes.
 
 Parameters: ``bits`` in {2, 4, 8} (``L = 2**(bits - 1) - 1`` levels: 1, 7,
-127), ``bucket`` size ``d`` (default 512) and ``norm`` ``"l2"`` (default) or
-``"max"``.  Buckets are consecutive runs of ``d`` elements of the encoded
-vector, the last one possibly shorter.  Per bucket ``j``:
+127), ``bucket`` size ``d`` (default 512), ``norm`` ``"l2"`` (default) or
+``"max"`` and ``elias`` (a bool, default False: the layout below).
+Buckets are consecutive runs of ``d`` elements of the encoded vector, the
+last one possibly shorter.  Per bucket ``j``:
 
 1. scale ``S_j``: the l2 norm (float64 sum of squares, rounded once; a finite
    norm beyond the float32 range saturates to its maximum) or ``max |x|``;
@@ -34,6 +36,67 @@ clamped to ``[1, max(n, 1)]`` (a longer bucket is the same single bucket);
 decoders reject other values and any bit width but 2, 4, 8.  The norm is
 not needed to decode and is not stored.
 
+Elias coding (``elias=True``, layout version 2): the same scales and codes
+-- the same random numbers, the same contraction under error feedback --
+coded losslessly as in the paper's Elias coding: per bucket the float32
+scale, then for each non-zero code in index order the Elias-omega code of
+its gap (``i - p``, ``p`` the previous non-zero's index in the bucket, -1
+at first: gaps are >= 1), one sign bit (1: negative) and the Elias-omega
+code of its level ``|q_i|`` (:mod:`hpccomm.kernels.elias`).  A packet
+decodes to the very float32 values of the fixed-width packet of the same
+input and context.  Layout (version 2), little-endian::
+
+    offset       size   field
+    0            16     common header: codec id 5, version 2, n,
+                        extra = d | bits << 28 (as version 1)
+    16           8      uint64 S: bytes of the bucket streams
+    24           4 B    float32 S_j per bucket, B = ceil(n / d)
+    24 + 4 B     4 B    uint32 T_j: bits of bucket j's stream
+    24 + 8 B     S      the bucket streams, bucket j from byte
+                        sum_{k<j} ceil(T_k / 8): bits MSB first (bit t of
+                        a stream is bit 7 - t mod 8 of its byte t // 8),
+                        its last byte padded with zero bits
+
+Wire size ``24 + 8 B + S`` bytes with ``S = sum ceil(T_j / 8)``: per
+element ``8 S / n + 64 / d`` bits plus 192 -- the paper's 32 bits of scale
+per bucket, 32 bits of the table ``T`` (which lets buckets be found without
+decoding the ones before, and a packet be validated in one read of its
+bits) and under 8 bits of byte padding per bucket.  A bucket of ``h``
+elements takes at most ``T = h (2 + |omega(L)|)`` bits (every element at
+level ``L``; ``|omega(L)|`` = 1, 6, 13 bits for 2, 4, 8 bits): that is
+:meth:`QSGDCodec.max_wire_size` -- 3, 8 and 15 bits per element, above the
+fixed width.  The size depends on the data (``fixed_size`` is False,
+``wire_size`` None).
+
+On Gaussian input with the l2 norm and ``d = 512`` a packet takes 0.52,
+1.61 and 6.44 bits per element at 2, 4 and 8 bits (fixed width: 2.06, 4.06,
+8.06), within the paper's bound on the expected size ``(3 + 3/2
+log2(2 (s**2 + d) / (s (s + sqrt d)))) s (s + sqrt d) + 32`` per bucket
+(0.58, 2.76 and a vacuous 156 per element); with ``s = sqrt(d)`` (8 bits,
+``d = 16129``) 2.76 against the paper's ``2.8 d + 32``.  Under the max norm
+most codes are non-zero and Elias coding loses at 4 and 8 bits (4.22 and
+12.0 bits per element): use it with the l2 norm or at 2 bits.
+
+Passes over memory: encode (and its fused forms) is the fixed-width
+kernel's pass into scratch codes (``bits / 8`` bytes per element), then one
+read of those codes that writes the streams and ``T_j`` into a scratch of
+the worst case (only its written pages are touched) and a copy of the ``S``
+stream bytes into the packet; decode reads the streams once into int8 codes
+(``n`` bytes), then one pass writes ``out``.  The kernels run on one
+thread; buckets are independent (the table gives each one's place), so a
+parallel form would give the same bytes.
+
+Decoders check, before ``out`` is touched: the header's ``S`` against the
+packet's size, every ``T_j`` against its worst case and their padded sum
+against ``S``, and in every bucket that each code ends inside its ``T_j``
+bits, that gaps stay inside the bucket and levels in ``[1, L]``, that the
+last code ends exactly at ``T_j`` and that the padding is zero.  The coding
+is canonical: a packet that passes decodes to codes whose coding is that
+very packet.  A ``qsgd`` instance decodes its own version only (a
+fixed-width packet sent to an Elias codec fails on the version, and the
+reverse).  Elias coding is CPU work: the device twin refuses it and the
+device path stages such a call through the host.
+
 Error feedback (``EncodeContext.feedback``; off by default: the codec is
 unbiased) needs a contractive compressor.  A bucket's variance factor
 ``omega_j`` (``E||Q(x) - x||**2 <= omega_j ||x||**2``) is at most ``omega(d)
@@ -58,13 +121,16 @@ Summable form (algorithm ``summable``): ``shared_scale(x)`` gives the ``B``
 bucket scales, which the algorithm MAX-reduces; ``to_summable`` quantizes
 against them (``a_i <= L`` since every rank's scale is at most the shared
 one) to int8 codes; sums over ``P`` ranks need ``P L`` in range: int8 while
-``P L <= 127``, int16 while ``<= 32767``, else int32.
+``P L <= 127``, int16 while ``<= 32767``, else int32.  It sends integer
+codes, not Elias-coded ones: an ``elias=True`` instance is not summable
+(algorithm ``summable`` refuses it).
 """
 import math
 
 import numpy as np
 
 from ..errors import PacketError
+from ..kernels import elias as E
 from ..kernels import quantize as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_no_feedback, check_total, scale_array, summed_code_dtype
@@ -74,10 +140,39 @@ BITS = (2, 4, 8)
 NORMS = ("l2", "max")
 #: bucket sizes fit the low 28 bits of the header's ``extra`` field
 BUCKET_MAX = 2**28 - 1
+#: layout versions: fixed-width codes, Elias coding
+FIXED_VERSION, ELIAS_VERSION = 1, 2
+#: bytes before the scales of an Elias packet: the header and the uint64 S
+ELIAS_PREFIX = HEADER_SIZE + 8
 
 
 def _packet_size(n: int, bits: int, bucket: int) -> int:
     return HEADER_SIZE + 4 * (-(-n // bucket)) + (-(-(n * bits) // 8))
+
+
+def elias_worst_bits(levels: int) -> int:
+    """Most bits per element of an Elias bucket stream: ``2 + |omega(L)|``."""
+    return 2 + int(E.omega_length(levels))
+
+
+_OMEGA = {}
+
+
+def omega_tables():
+    """The codewords and lengths of the Elias-omega codes of ``1 ..
+    E.TABLE - 1`` (built on first use)."""
+    if "encode" not in _OMEGA:
+        codes = np.empty(E.TABLE, dtype=np.uint32)
+        lengths = np.empty(E.TABLE, dtype=np.uint8)
+        E.omega_table(codes, lengths)
+        _OMEGA["encode"] = codes, lengths
+    return _OMEGA["encode"]
+
+
+def _aligned(a: np.ndarray) -> np.ndarray:
+    """``a``, or a copy of it when its data is not aligned to its items (a
+    packet received at an odd offset)."""
+    return a if a.ctypes.data % a.itemsize == 0 else a.copy()
 
 
 @register_codec
@@ -90,7 +185,7 @@ class QSGDCodec(Codec):
     summable_feedback = False
 
     def __init__(self, bits: int = 4, bucket: int = 512, norm: str = "l2",
-                 nonfinite: str = "raise"):
+                 elias: bool = False, nonfinite: str = "raise"):
         super().__init__(nonfinite=nonfinite)
         if isinstance(bits, bool) or bits not in BITS:
             raise ValueError(f"qsgd: bits must be one of {BITS}, not {bits!r}")
@@ -100,12 +195,25 @@ class QSGDCodec(Codec):
                              f"not {bucket!r}")
         if norm not in NORMS:
             raise ValueError(f"qsgd: norm must be one of {NORMS}, not {norm!r}")
+        if not isinstance(elias, (bool, np.bool_)):
+            raise ValueError(f"qsgd: elias must be True or False, not {elias!r}")
         self.bits, self.bucket, self.norm = int(bits), int(bucket), norm
         #: quantization levels L
         self.levels = 2 ** (self.bits - 1) - 1
+        #: Elias coding (layout version 2) instead of fixed-width codes
+        self.elias = bool(elias)
+        if self.elias:
+            self.version = ELIAS_VERSION
+            self.fixed_size = False
+            self.summable = False
+            self.summable_when = ("summable only with elias=False (the summed form sends "
+                                  "integer codes, not Elias-coded ones)")
 
     def params(self):
-        return {"bits": self.bits, "bucket": self.bucket, "norm": self.norm}
+        p = {"bits": self.bits, "bucket": self.bucket, "norm": self.norm}
+        if self.elias:
+            p["elias"] = True
+        return p
 
     def check_tolerance(self, nranks, error_feedback):
         # QSGD's variance bound min(d / s**2, sqrt(d) / s) (Alistarh et al., Lemma 3.1)
@@ -114,7 +222,20 @@ class QSGDCodec(Codec):
         return 2.0 * math.sqrt(2.0 * min(d / s ** 2, math.sqrt(d) / s)) + 0.5
 
     def wire_size(self, n):
+        if self.elias:
+            return None
         return _packet_size(n, self.bits, min(self.bucket, max(n, 1)))
+
+    def max_wire_size(self, n):
+        """The fixed size, or with ``elias`` the worst case: every bucket at
+        ``2 + |omega(L)|`` bits per element, rounded up to whole bytes."""
+        if not self.elias:
+            return self.wire_size(n)
+        bucket = min(self.bucket, max(n, 1))
+        full, rest = divmod(n, bucket)
+        w = elias_worst_bits(self.levels)
+        stream = full * (-(-bucket * w // 8)) + (-(-rest * w // 8))
+        return ELIAS_PREFIX + 8 * (-(-n // bucket)) + stream
 
     def segment_unit(self, shape):
         # buckets count from the chunk's start and draws from the global index
@@ -136,6 +257,16 @@ class QSGDCodec(Codec):
         bits, bucket = self._fields(header)
         return _packet_size(int(header["n"]), bits, bucket)
 
+    def _packet_size(self, packet, header):
+        if not self.elias:
+            return self._payload_size(header)
+        bits, bucket = self._fields(header)
+        if packet.size < ELIAS_PREFIX:
+            raise PacketError(f"qsgd: Elias packet of {packet.size} bytes is shorter than its "
+                              f"{ELIAS_PREFIX} bytes of fixed fields")
+        stream = int(packet[HEADER_SIZE:ELIAS_PREFIX].view("<u8")[0])
+        return ELIAS_PREFIX + 8 * (-(-int(header["n"]) // bucket)) + stream
+
     def _key(self, ctx):
         return stream_key(ctx.seed, ctx.rank, ctx.step, self.codec_id)
 
@@ -155,19 +286,69 @@ class QSGDCodec(Codec):
     def _new_packet(self, n):
         """``(packet, scales, codes, bucket)`` for ``n`` elements: the packet
         with its header, views of its scale and code fields (every byte is
-        written by the kernels) and the bucket size it uses."""
+        written by the kernels) and the bucket size it uses.  With ``elias``
+        the packet is None and the fields are scratch arrays, which
+        :meth:`_elias_packet` codes."""
         bucket = min(self.bucket, max(n, 1))
         nb = -(-n // bucket)
+        if self.elias:
+            return (None, np.empty(nb, dtype=np.float32),
+                    np.empty(-(-(n * self.bits) // 8), dtype=np.uint8), bucket)
         packet = self.new_packet(_packet_size(n, self.bits, bucket), n,
                                  extra=bucket | self.bits << 28, zeroed=False)
         scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
         return packet, scales, packet[HEADER_SIZE + 4 * nb:], bucket
 
+    def _finish(self, packet, scales, codes, bucket, n):
+        """The packet of the fields :meth:`_new_packet` gave and the
+        kernels filled: ``packet`` itself, or with ``elias`` the Elias packet
+        of ``scales`` and ``codes``."""
+        return packet if packet is not None else self._elias_packet(n, bucket, scales, codes)
+
+    def _elias_packet(self, n, bucket, scales, codes):
+        """The Elias packet (layout version 2) of the fixed-width ``codes``
+        and the ``scales``: the streams in one pass over the codes
+        (:func:`~hpccomm.kernels.elias.elias_encode`) into a scratch of the
+        worst case (only the pages written are touched), then copied after
+        the header, scales and table."""
+        nb = scales.size
+        table = np.empty(nb, dtype=np.uint32)
+        words, lengths = omega_tables()
+        head = ELIAS_PREFIX + 8 * nb
+        scratch = np.empty(self.max_wire_size(n) - head, dtype=np.uint8)
+        nbytes = int(E.elias_encode(codes, self.bits, bucket, n, words, lengths, table, scratch))
+        packet = self.new_packet(head + nbytes, n, extra=bucket | self.bits << 28,
+                                 zeroed=False)
+        packet[HEADER_SIZE:ELIAS_PREFIX].view("<u8")[0] = nbytes
+        packet[ELIAS_PREFIX:ELIAS_PREFIX + 4 * nb] = scales.view(np.uint8)
+        packet[ELIAS_PREFIX + 4 * nb:head] = table.view(np.uint8)
+        packet[head:] = scratch[:nbytes]
+        return packet
+
+    def _elias_codes(self, packet, header, n):
+        """``(scales, codes, bits, bucket)`` of a checked Elias packet: its
+        scales and its integer codes (int8, ``n``), after validating every
+        bucket's bits (:func:`~hpccomm.kernels.elias.elias_decode`); raises
+        PacketError for a malformed one."""
+        bits, bucket = self._fields(header)
+        nb = -(-n // bucket)
+        head = ELIAS_PREFIX + 8 * nb
+        scales = _aligned(packet[ELIAS_PREFIX:ELIAS_PREFIX + 4 * nb].view(np.float32))
+        table = _aligned(packet[ELIAS_PREFIX + 4 * nb:head].view(np.uint32))
+        levels = 2 ** (bits - 1) - 1
+        codes = np.empty(n, dtype=np.int8)
+        err, j = E.elias_decode(packet[head:], table, bucket, n, levels,
+                                elias_worst_bits(levels), codes)
+        if err:
+            where = "" if j < 0 else f" (bucket {j})"
+            raise PacketError(f"qsgd: malformed Elias packet: {E.ERRORS[int(err)]}{where}")
+        return scales, codes, bits, bucket
+
     def _encode(self, x, ctx):
         packet, scales, codes, bucket = self._new_packet(x.size)
         K.qsgd_encode(x, bucket, self.bits, self.levels, self.norm == "max", self._key(ctx),
                       ctx.offset, scales, codes, *self._contract(x.size, bucket, ctx))
-        return packet
+        return self._finish(packet, scales, codes, bucket, x.size)
 
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out =
@@ -180,7 +361,7 @@ class QSGDCodec(Codec):
                                      self._key(ctx), ctx.offset, scales, codes, e_out,
                                      *self._contract(x.size, bucket, ctx))
         self._raise_nonfinite(bad)
-        return packet
+        return self._finish(packet, scales, codes, bucket, x.size)
 
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in one pass over the chunk
@@ -189,16 +370,23 @@ class QSGDCodec(Codec):
         size), ``+ e``, its packet, ``e_out = w - decode(packet)``
         (``e_out=None``: no owner residual, ``w = acc``) and ``out =
         decode(packet)``, with the bits of the separate steps.  Returns the
-        packet."""
+        packet.  With ``elias`` every received packet is validated and
+        transcoded to integer codes first, then summed into ``out`` and
+        re-quantized (:func:`~hpccomm.kernels.quantize.qsgd_requantize`):
+        the same bits."""
         m = out.size
         fields = None
+        headers = []
         for packet in received:
-            f = self._fields(self.check_packet(packet, out))
+            headers.append(self.check_packet(packet, out))
+            f = self._fields(headers[-1])
             if fields is None:
                 fields = f
             elif f != fields:
                 raise PacketError(f"qsgd: packets of one chunk with (bits, bucket) {fields} "
                                   f"and {f}")
+        if self.elias:
+            return self._elias_owner_step(received, headers, e, e_out, out, ctx)
         rbits, rbucket = fields
         rnb = -(-m // rbucket)
         rscales = payload_rows(received, HEADER_SIZE, np.float32, rnb)
@@ -212,7 +400,24 @@ class QSGDCodec(Codec):
         self._raise_nonfinite(bad)
         return packet
 
+    def _elias_owner_step(self, received, headers, e, e_out, out, ctx):
+        m = out.size
+        rows = [self._elias_codes(p, h, m) for p, h in zip(received, headers)]
+        out[...] = 0
+        for rscales, rcodes, rbits, rbucket in rows:
+            K.summed_decode(rcodes, rbucket, 2 ** (rbits - 1) - 1, rscales, out, True)
+        packet, scales, codes, bucket = self._new_packet(m)
+        bad = K.qsgd_requantize(out, None if e_out is None else e, e_out, bucket, self.bits,
+                                self.levels, self.norm == "max", self._key(ctx), ctx.offset,
+                                scales, codes, *self._contract(m, bucket, ctx))
+        self._raise_nonfinite(bad)
+        return self._finish(packet, scales, codes, bucket, m)
+
     def _decode_into(self, packet, header, out, add):
+        if self.elias:
+            scales, codes, bits, bucket = self._elias_codes(packet, header, out.size)
+            K.summed_decode(codes, bucket, 2 ** (bits - 1) - 1, scales, out, add)
+            return
         bits, bucket = self._fields(header)
         nb = -(-out.size // bucket)
         scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)

@@ -70,8 +70,12 @@ def why_not_on_device(algorithm: Algorithm, codec: Codec, memory: Memory, dtype:
         return f"memory {memory.name!r} has no device path"
     from ..device_codecs import device_codec_class
 
-    if device_codec_class(codec.name) is None:
+    cls = device_codec_class(codec.name)
+    if cls is None:
         return f"codec {codec.name!r} has no device twin"
+    refused = cls.refuses(codec)
+    if refused:
+        return f"codec {codec.describe()}: {refused}"
     return ""
 
 

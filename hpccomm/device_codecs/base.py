@@ -60,6 +60,12 @@ class DeviceCodec:
     #: the host codec class this twin serves (set by subclasses)
     host: Type[Codec] = Codec
 
+    @classmethod
+    def refuses(cls, codec: Codec) -> str:
+        """Why this twin cannot serve the host instance ``codec`` (a variant
+        of its layout it does not make), or "" when it can."""
+        return ""
+
     def __init__(self, codec: Codec):
         self.codec = codec
         self._scratch: Dict[str, object] = {}
@@ -202,9 +208,12 @@ def device_codec_class(name: str) -> Optional[Type[DeviceCodec]]:
 
 
 def device_codec_for(codec: Codec) -> Optional[DeviceCodec]:
-    """A device twin of ``codec`` (same parameters), or None."""
+    """A device twin of ``codec`` (same parameters), or None (none, or one
+    that refuses this instance: :meth:`DeviceCodec.refuses`)."""
     cls = device_codec_class(codec.name)
-    return None if cls is None or not isinstance(codec, cls.host) else cls(codec)
+    if cls is None or not isinstance(codec, cls.host) or cls.refuses(codec):
+        return None
+    return cls(codec)
 
 
 def device_codec_names() -> List[str]:

@@ -23,6 +23,11 @@ Passes over memory:
 Received packets are decoded with their own bit width and bucket (the
 header's ``extra``, read on the device); the host's check that all packets
 of a chunk share them is the caller's.
+
+Fixed-width codes only: ``elias=True`` (variable-length, branchy bit
+streams, CPU work by design -- ALGORITHMS.md's "use fixed width on GPUs")
+is refused (:meth:`QSGDDevice.refuses`), and the device path stages such
+calls through the host.
 """
 import numpy as np
 
@@ -37,6 +42,13 @@ class QSGDDevice(DenseDevice):
     host = QSGDCodec
     _decode_kernel = Q.qsgd_decode
     _presum_kernel = Q.qsgd_presum
+
+    @classmethod
+    def refuses(cls, codec):
+        if getattr(codec, "elias", False):
+            return ("elias=True has no device kernels (variable-length Elias streams are "
+                    "CPU work; the device twin writes fixed-width codes)")
+        return ""
 
     def _views(self, packet):
         return packet, packet[:packet.size - packet.size % 4].view(np.float32)

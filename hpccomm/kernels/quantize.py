@@ -1327,6 +1327,19 @@ def qsgd_owner_step(rcodes, rscales, rbits, rbucket, rlevels, e, e_out, out,
 
 
 @njit(cache=True, nogil=True)
+def qsgd_requantize(out, e, e_out, bucket, bits, levels, use_max, key, offset, scales, packed,
+                    contract=False, omega=0.0, omega_last=0.0):
+    """:func:`qsgd_owner_step` on a sum already formed in ``out`` (the
+    received packets decoded and added in rank order by the caller, as
+    ``qsgd``'s Elias form does): the packet of ``w = out + e`` (``out`` for
+    ``e=None``), ``e_out = w - decode(packet)`` (with ``e_out``) and ``out =
+    decode(packet)``.  Returns the number of non-finite ``w``."""
+    return _qsgd_encode(out, e, e_out, out, None, None, 0, 1, 1,
+                        bucket, bits, levels, use_max, key, offset, scales, packed, contract,
+                        omega, omega_last)
+
+
+@njit(cache=True, nogil=True)
 def qsgd_shared_codes(x, bucket, levels, scales, key, offset, codes):
     """QSGD codes against given per-bucket ``scales`` (e.g. MAX-shared across
     ranks), one per element of ``codes``."""
