@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces the measurements of docs/results.md (run from the repository root,
 # as root for the netem part, with nothing else running: 2 cores are shared).
-#   ./docs/results.sh [codecs|shm|sparse|netem|train|train_extra|device|plots ...]   (default: all)
+#   ./docs/results.sh [codecs|shm|sparse|netem|train|train_extra|device|new_codecs|plots ...]
+#   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .venv/bin/activate
@@ -67,6 +68,37 @@ train_extra() {
       --seeds 0,1,2 -J $OUT/train-$ds-randk10-ef.json | tee $OUT/train-$ds-randk10-ef.txt
   done
 }
+new_codecs() {
+  # powersgd, ebq, rotate=True, qsgd(elias=True): kernels, sizes, 1 Gbit/s, accuracy
+  local o=$OUT/i17 c="python -m hpccomm.bench codecs --sizes 1M,64M --reps 5"
+  mkdir -p $o
+  $c --codec powersgd,fp8,bf16 | tee $o/codecs-powersgd-r1.txt
+  $c --codec powersgd --option powersgd.rank=4 | tee $o/codecs-powersgd-r4.txt
+  $c --codec ebq,fp8,qsgd --option ebq.bound=1e-3 | tee $o/codecs-ebq-1e-3.txt
+  $c --codec ebq --option ebq.bound=1e-2 | tee $o/codecs-ebq-1e-2.txt
+  $c --codec qsgd,qsgd+rotate,onebit,onebit+rotate,fp8,fp8+rotate --option qsgd.norm=max \
+    | tee $o/codecs-rotate.txt
+  $c --codec qsgd --option qsgd.elias=True | tee $o/codecs-elias-4.txt
+  $c --codec qsgd --option qsgd.elias=True --option qsgd.bits=2 | tee $o/codecs-elias-2.txt
+  $c --codec qsgd --option qsgd.bits=2 | tee $o/codecs-qsgd-2.txt
+  python docs/rotation_error.py | tee $o/rotation-error.txt
+  python docs/elias_sizes.py | tee $o/elias-sizes.txt
+  python docs/ebq_sizes.py | tee $o/ebq-sizes.txt
+  python -m hpccomm.bench netem --ranks 2 --rate 1gbit --timeout 1400 -- -m 4M:64M -f 16 -i 5 \
+    -x 1 --codec powersgd,ebq,fp8,qsgd,qsgd+rotate,bf16 --algorithm twoshot,mpi \
+    --option qsgd.norm=max --no-progress -J $o/netem-1g-p2.json | tee $o/netem-1g-p2.txt
+  for ds in digits mnist1d; do
+    bench 4 train --dataset $ds --codec none,powersgd,fp8 --seeds 0,1,2 -J $o/train-$ds-r1.json
+    for r in 2 4; do
+      bench 4 train --dataset $ds --codec powersgd --option powersgd.rank=$r --seeds 0,1,2 \
+        -J $o/train-$ds-r$r.json
+    done
+    bench 4 train --dataset $ds --codec qsgd,qsgd+rotate --option qsgd.norm=max \
+      --option qsgd.bits=4 --seeds 0,1,2 -J $o/train-$ds-rot.json
+    bench 4 train --dataset $ds --codec ebq --option ebq.bound=1e-4 --error-feedback on \
+      --seeds 0,1,2 -J $o/train-$ds-ebq.json
+  done
+}
 plots() {
   for f in $OUT/shm-p2 $OUT/shm-p4 $OUT/shm-sparse-p2 $OUT/shm-sparse-p4 $OUT/netem-1gbit-p2 \
            $OUT/netem-1gbit-p4 $OUT/netem-4gbit-p2 $OUT/netem-4gbit-p4 \
@@ -77,6 +109,6 @@ plots() {
     python -m hpccomm.bench plot $OUT/train-$ds*.json --combine train-$ds --out docs/img
   done
 }
-for step in "${@:-codecs shm sparse netem train train_extra device plots}"; do
+for step in "${@:-codecs shm sparse netem train train_extra device new_codecs plots}"; do
   for s in $step; do $s; done
 done
