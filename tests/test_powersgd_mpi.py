@@ -12,6 +12,7 @@ from hpccomm.fusion import GradientBuckets
 from hpccomm.kernels.rng import stream_key, uniform_array
 
 from .helpers import COMM, RANK, SIZE, raise_everywhere, rank_data, same_on_all_ranks
+from .test_powersgd import mgs
 
 pytestmark = pytest.mark.mpi
 
@@ -20,16 +21,6 @@ pytestmark = pytest.mark.mpi
 LAYOUT = [(48, 20), (20,), (16, 3, 2, 2), (3, 3), (), (24, 40)]
 N = sum(int(np.prod(s)) for s in LAYOUT)
 CODEC_ID = 14
-
-
-def mgs(A, eps=0.0):
-    W = A.astype(np.float64).copy()
-    for c in range(W.shape[1]):
-        norm = np.sqrt(np.sum(W[:, c] ** 2)) + eps
-        W[:, c] = 0.0 if norm == 0 else W[:, c] / norm
-        for d in range(c + 1, W.shape[1]):
-            W[:, d] -= np.dot(W[:, c], W[:, d]) * W[:, c]
-    return W
 
 
 def oracle(inputs, layout, rank, warm_start=True, feedback=True, start_iter=0, seed=0):

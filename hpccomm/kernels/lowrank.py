@@ -68,15 +68,23 @@ def _dot_lanes(row, q, m, acc):
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]))
 
 
+@njit(cache=True, nogil=True)
+def _columns64(Q):
+    """The columns of float32 ``Q`` (m x r) as float64 rows (r x m)."""
+    m, r = Q.shape
+    Qt = np.empty((r, m), dtype=np.float64)
+    for j in range(m):
+        for c in range(r):
+            Qt[c, j] = np.float64(Q[j, c])
+    return Qt
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def project(M, Q, P):
     """``P = M Q`` (``M`` n x m, ``Q`` m x r, ``P`` n x r; float32)."""
     n, m = M.shape
     r = Q.shape[1]
-    Qt = np.empty((r, m), dtype=np.float64)
-    for j in range(m):
-        for c in range(r):
-            Qt[c, j] = np.float64(Q[j, c])
+    Qt = _columns64(Q)
     for i in prange(n):
         acc = np.empty(LANES, dtype=np.float64)
         for c in range(r):
@@ -109,10 +117,7 @@ def expand(P, Q, out):
     """``out = P Q^T`` (``P`` n x r, ``Q`` m x r, ``out`` n x m; float32)."""
     n, r = P.shape
     m = Q.shape[0]
-    Qt = np.empty((r, m), dtype=np.float64)
-    for j in range(m):
-        for c in range(r):
-            Qt[c, j] = np.float64(Q[j, c])
+    Qt = _columns64(Q)
     for i in prange(n):
         acc = np.zeros(m, dtype=np.float64)
         for c in range(r):
@@ -131,12 +136,8 @@ def expand_pair(P, Q1, Q2, out1, out2):
     each with :func:`expand`'s bits."""
     n, r = P.shape
     m = Q1.shape[0]
-    Q1t = np.empty((r, m), dtype=np.float64)
-    Q2t = np.empty((r, m), dtype=np.float64)
-    for j in range(m):
-        for c in range(r):
-            Q1t[c, j] = np.float64(Q1[j, c])
-            Q2t[c, j] = np.float64(Q2[j, c])
+    Q1t = _columns64(Q1)
+    Q2t = _columns64(Q2)
     for i in prange(n):
         a1 = np.zeros(m, dtype=np.float64)
         a2 = np.zeros(m, dtype=np.float64)
