@@ -21,8 +21,10 @@ A full block of ``w``-bit codes is exactly ``w`` 64-bit little-endian
 words (``64 w`` bits): it is packed through a 64-bit accumulator and
 stored/loaded 8 bytes at a time (byte loops LLVM merges into one unaligned
 access, so unaligned packets need no copy), and unpacked by reading bits
-``k w ..`` across at most two words (``w <= WIDTH_MAX = 50 < 64``).  The
-last, partial block goes byte by byte.  The codes of a block are computed
+``k w ..`` across at most two words (``w <= WIDTH_MAX = 50 < 64``) -- or,
+where the payload holds 8 more bytes after the block, by one unaligned
+8-byte load at the code's first byte (``7 + w <= 64`` bits).  The last,
+partial block goes byte by byte.  The codes of a block are computed
 in one branch-free pass (``rint`` in the current rounding mode: ties to
 even), its width from the OR of its zig-zag codes; a block holding a
 non-finite or out-of-range value is scanned again for the counts.  The
@@ -103,17 +105,20 @@ def _value(q, s):
 
 @njit(cache=True, nogil=True, inline="always")
 def _store64(out, pos, word):
-    """``word`` into ``out[pos:pos + 8]``, little-endian."""
+    """``word`` into ``out[pos:pos + 8]``, little-endian (unsigned indices:
+    no wraparound test, so LLVM merges the bytes into one store)."""
+    p = _U64(pos)
     for j in range(8):
-        out[pos + j] = np.uint8((word >> _U64(8 * j)) & _U64(0xFF))
+        out[p + _U64(j)] = np.uint8((word >> _U64(8 * j)) & _U64(0xFF))
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _load64(buf, pos):
-    """The little-endian 64-bit word at ``buf[pos:pos + 8]``."""
+    """The little-endian 64-bit word at ``buf[pos:pos + 8]`` (one load)."""
+    p = _U64(pos)
     word = _U64(0)
     for j in range(8):
-        word |= _U64(buf[pos + j]) << _U64(8 * j)
+        word |= _U64(buf[p + _U64(j)]) << _U64(8 * j)
     return word
 
 
@@ -271,22 +276,44 @@ def ebq_codes(x, s, codes):
     return 0, -1
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _code_at(payload, pos, k, w, mask):
+    """Code ``k`` of the ``w``-bit block at ``payload[pos:]``: one unaligned
+    8-byte load at its first byte (``7 + w <= 64`` bits); reads up to 8
+    bytes past the code, so only where the payload extends that far."""
+    b = k * w
+    return (_load64(payload, pos + (b >> 3)) >> _U64(b & 7)) & mask
+
+
 @njit(cache=True, nogil=True)
 def ebq_decode(widths, payload, s, out, add):
     """``out (+)= float32(q s)`` for the codes of a validated packet."""
     n = out.size
+    size = payload.size
     zs = np.empty(BLOCK, dtype=np.uint64)
     wd = np.empty(WIDTH_MAX + 1, dtype=np.uint64)
     pos = 0
     for c, blo in enumerate(range(0, n, BLOCK)):
         m = min(BLOCK, n - blo)
-        pos = _unpack_block(payload, pos, m, np.int64(widths[c]), zs, wd)
-        if add:
-            for k in range(m):
-                out[blo + k] += _value(_unzigzag(zs[k]), s)
-        else:
-            for k in range(m):
-                out[blo + k] = _value(_unzigzag(zs[k]), s)
+        w = np.int64(widths[c])
+        ob = out[blo:blo + m]
+        if m == BLOCK and w > 0 and pos + 8 * w + 8 <= size:
+            mask = _U64((1 << w) - 1)
+            for k in range(BLOCK):
+                val = _value(_unzigzag(_code_at(payload, pos, k, w, mask)), s)
+                if add:
+                    ob[k] += val
+                else:
+                    ob[k] = val
+            pos += 8 * w
+            continue
+        pos = _unpack_block(payload, pos, m, w, zs, wd)
+        for k in range(m):
+            val = _value(_unzigzag(zs[k]), s)
+            if add:
+                ob[k] += val
+            else:
+                ob[k] = val
 
 
 @njit(cache=True, nogil=True)
@@ -294,14 +321,23 @@ def ebq_add_codes(widths, payload, acc):
     """``acc += q`` (int64) for the codes of a validated packet of
     ``acc.size`` elements."""
     n = acc.size
+    size = payload.size
     zs = np.empty(BLOCK, dtype=np.uint64)
     wd = np.empty(WIDTH_MAX + 1, dtype=np.uint64)
     pos = 0
     for c, blo in enumerate(range(0, n, BLOCK)):
         m = min(BLOCK, n - blo)
-        pos = _unpack_block(payload, pos, m, np.int64(widths[c]), zs, wd)
+        w = np.int64(widths[c])
+        ab = acc[blo:blo + m]
+        if m == BLOCK and w > 0 and pos + 8 * w + 8 <= size:
+            mask = _U64((1 << w) - 1)
+            for k in range(BLOCK):
+                ab[k] += _unzigzag(_code_at(payload, pos, k, w, mask))
+            pos += 8 * w
+            continue
+        pos = _unpack_block(payload, pos, m, w, zs, wd)
         for k in range(m):
-            acc[blo + k] += _unzigzag(zs[k])
+            ab[k] += _unzigzag(zs[k])
 
 
 @njit(cache=True, nogil=True)
