@@ -277,43 +277,37 @@ def ebq_codes(x, s, codes):
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _code_at(payload, pos, k, w, mask):
-    """Code ``k`` of the ``w``-bit block at ``payload[pos:]``: one unaligned
-    8-byte load at its first byte (``7 + w <= 64`` bits); reads up to 8
-    bytes past the code, so only where the payload extends that far."""
-    b = k * w
-    return (_load64(payload, pos + (b >> 3)) >> _U64(b & 7)) & mask
+def _unpack_any(payload, pos, m, w, zs, wd):
+    """:func:`_unpack_block`, but a full block with 8 more payload bytes
+    after it reads each code with one unaligned 8-byte load at its first
+    byte (``7 + w <= 64`` bits; the load may reach 8 bytes past the code)."""
+    if m == BLOCK and w > 0 and pos + 8 * w + 8 <= payload.size:
+        mask = _U64((1 << w) - 1)
+        for k in range(BLOCK):
+            b = k * w
+            zs[k] = (_load64(payload, pos + (b >> 3)) >> _U64(b & 7)) & mask
+        return pos + 8 * w
+    return _unpack_block(payload, pos, m, w, zs, wd)
 
 
 @njit(cache=True, nogil=True)
 def ebq_decode(widths, payload, s, out, add):
-    """``out (+)= float32(q s)`` for the codes of a validated packet."""
+    """``out (+)= float32(q s)`` for the codes of a validated packet (codes
+    into a block of scratch, then a loop over it that LLVM vectorises)."""
     n = out.size
-    size = payload.size
     zs = np.empty(BLOCK, dtype=np.uint64)
     wd = np.empty(WIDTH_MAX + 1, dtype=np.uint64)
     pos = 0
     for c, blo in enumerate(range(0, n, BLOCK)):
         m = min(BLOCK, n - blo)
-        w = np.int64(widths[c])
+        pos = _unpack_any(payload, pos, m, np.int64(widths[c]), zs, wd)
         ob = out[blo:blo + m]
-        if m == BLOCK and w > 0 and pos + 8 * w + 8 <= size:
-            mask = _U64((1 << w) - 1)
-            for k in range(BLOCK):
-                val = _value(_unzigzag(_code_at(payload, pos, k, w, mask)), s)
-                if add:
-                    ob[k] += val
-                else:
-                    ob[k] = val
-            pos += 8 * w
-            continue
-        pos = _unpack_block(payload, pos, m, w, zs, wd)
-        for k in range(m):
-            val = _value(_unzigzag(zs[k]), s)
-            if add:
-                ob[k] += val
-            else:
-                ob[k] = val
+        if add:
+            for k in range(m):
+                ob[k] += _value(_unzigzag(zs[k]), s)
+        else:
+            for k in range(m):
+                ob[k] = _value(_unzigzag(zs[k]), s)
 
 
 @njit(cache=True, nogil=True)
@@ -321,21 +315,13 @@ def ebq_add_codes(widths, payload, acc):
     """``acc += q`` (int64) for the codes of a validated packet of
     ``acc.size`` elements."""
     n = acc.size
-    size = payload.size
     zs = np.empty(BLOCK, dtype=np.uint64)
     wd = np.empty(WIDTH_MAX + 1, dtype=np.uint64)
     pos = 0
     for c, blo in enumerate(range(0, n, BLOCK)):
         m = min(BLOCK, n - blo)
-        w = np.int64(widths[c])
+        pos = _unpack_any(payload, pos, m, np.int64(widths[c]), zs, wd)
         ab = acc[blo:blo + m]
-        if m == BLOCK and w > 0 and pos + 8 * w + 8 <= size:
-            mask = _U64((1 << w) - 1)
-            for k in range(BLOCK):
-                ab[k] += _unzigzag(_code_at(payload, pos, k, w, mask))
-            pos += 8 * w
-            continue
-        pos = _unpack_block(payload, pos, m, w, zs, wd)
         for k in range(m):
             ab[k] += _unzigzag(zs[k])
 
