@@ -123,25 +123,44 @@ def _load64(buf, pos):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _pack_words(zs, count, w, out, pos):
+    """``count`` chunks ``zs[:count]`` of ``w <= 63`` bits (``count w`` a
+    multiple of 64) through a 64-bit accumulator, as whole 8-byte words
+    into ``out[pos:]``; returns the position after them."""
+    uw = _U64(w)
+    acc = _U64(0)
+    nb = 0
+    for k in range(count):
+        z = zs[k]
+        acc |= z << _U64(nb)
+        nb += w
+        if nb >= 64:
+            _store64(out, pos, acc)
+            pos += 8
+            nb -= 64
+            acc = z >> (uw - _U64(nb))      # the bits not stored; 0 for nb = 0
+    return pos
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _pack_block(zs, m, w, out, pos):
     """``m`` zig-zag codes ``zs[:m]`` (each below ``2**w``) at ``w`` bits
-    into ``out[pos:]``; returns the position after the block's bytes."""
+    into ``out[pos:]``; returns the position after the block's bytes.  A
+    full block first joins 4 (``w <= 15``) or 2 (``w <= 31``) codes into
+    one chunk, in place in ``zs``."""
     if w == 0:
         return pos
     if m == BLOCK:      # exactly w words
-        uw = _U64(w)
-        acc = _U64(0)
-        nb = 0
-        for k in range(BLOCK):
-            z = zs[k]
-            acc |= z << _U64(nb)
-            nb += w
-            if nb >= 64:
-                _store64(out, pos, acc)
-                pos += 8
-                nb -= 64
-                acc = z >> (uw - _U64(nb))      # the bits not stored; 0 for nb = 0
-        return pos
+        if w <= 15:     # 16 groups of 4 codes (4 w <= 60 bits)
+            for i in range(BLOCK // 4):
+                zs[i] = (zs[4 * i] | (zs[4 * i + 1] << _U64(w))
+                         | (zs[4 * i + 2] << _U64(2 * w)) | (zs[4 * i + 3] << _U64(3 * w)))
+            return _pack_words(zs, BLOCK // 4, 4 * w, out, pos)
+        if w <= 31:     # 32 pairs (2 w <= 62 bits)
+            for i in range(BLOCK // 2):
+                zs[i] = zs[2 * i] | (zs[2 * i + 1] << _U64(w))
+            return _pack_words(zs, BLOCK // 2, 2 * w, out, pos)
+        return _pack_words(zs, BLOCK, w, out, pos)
     acc = _U64(0)
     nb = 0
     for k in range(m):
