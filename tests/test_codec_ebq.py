@@ -337,6 +337,68 @@ def test_encode_with_feedback_equals_the_three_steps(n, has_e):
     assert np.all(np.abs(e_out) <= c.bound)
 
 
+def codes_of_width(rng, n, w, sparse):
+    """int64 codes whose zig-zag codes have bit length exactly ``w`` in every
+    block of 64 (the block's first element the widest), some blocks
+    mostly zeros."""
+    if w == 0:
+        return np.zeros(n, np.int64)
+    z = rng.integers(0, 1 << w, n, dtype=np.uint64)
+    if sparse:
+        z[rng.random(n) < 0.7] = 0
+    z[::64] = np.uint64((1 << w) - 1 - int(rng.integers(0, 1 << (w - 1))))
+    q = (z >> np.uint64(1)).astype(np.int64) ^ -(z & np.uint64(1)).astype(np.int64)
+    return q
+
+
+@pytest.mark.parametrize("tail", [0, 1, 37, 63])
+def test_word_packer_matches_the_numpy_packer_at_every_width(tail):
+    """Every width 0..50 (full blocks go through 64-bit words, the last
+    partial block byte by byte): the owner's packer against the numpy
+    packer byte for byte, at an unaligned payload offset, and its decode and
+    code sum back to the codes exactly."""
+    rng = np.random.default_rng([11, tail])
+    n = 3 * 64 + tail
+    C = -(-n // 64)
+    s = 2.0 ** -9
+    for w in range(K.WIDTH_MAX + 1):
+        for sparse in (False, True):
+            q = codes_of_width(rng, n, w, sparse)
+            widths = np.empty(C, np.uint8)
+            nbytes, _ = K.ebq_sizes(q, widths)
+            assert np.all(widths == w)
+            want = ref_packet(np.zeros(n, np.float32), 1e-3, codes=q)[20 + C:]
+            buf = np.full(nbytes + 9, 0xA5, np.uint8)
+            assert K.ebq_pack(q, widths, buf[3:3 + nbytes]) == nbytes == want.size
+            np.testing.assert_array_equal(buf[3:3 + nbytes], want)
+            assert np.all(buf[:3] == 0xA5) and np.all(buf[3 + nbytes:] == 0xA5)
+            acc = np.arange(n, dtype=np.int64)
+            K.ebq_add_codes(widths, buf[3:3 + nbytes], acc)
+            np.testing.assert_array_equal(acc - np.arange(n), q)
+            out = np.ones(n, np.float32)
+            K.ebq_decode(widths, buf[3:3 + nbytes], s, out, True)
+            np.testing.assert_array_equal(out, (q * s).astype(np.float32) + np.float32(1))
+
+
+@pytest.mark.parametrize("n", [64, 64 * 9 + 5])
+def test_encode_at_every_worker_width_matches_the_numpy_packer(n):
+    """Inputs whose codes span widths 0..21 block by block (plus half-steps,
+    -0 and a residual): the packet byte for byte, fused or not."""
+    c = codec(1e-3)
+    rng = np.random.default_rng([12, n])
+    for scale in [0.0, 0.3, 1.0, 5.0, 100.0, 3000.0, K.QMAX - 1.0]:
+        k = rng.integers(-int(scale) - 1, int(scale) + 2, n).astype(np.float64)
+        x = (np.clip(k + rng.choice([0.0, 0.5, -0.5, 0.3], n), -K.QMAX, K.QMAX)
+             * c.step).astype(np.float32)
+        x[::7] = -0.0
+        np.testing.assert_array_equal(c.encode(x), ref_packet(x, 1e-3))
+        e = np.zeros(n, np.float32)
+        e_out = np.empty(n, np.float32)
+        p = c.encode_with_feedback(x, e, e_out, EncodeContext())
+        np.testing.assert_array_equal(p, ref_packet(x, 1e-3))
+        np.testing.assert_array_equal(e_out, x - c.roundtrip(x))
+
+
 # ---------------------------------------------------------------------------
 # malformed packets
 # ---------------------------------------------------------------------------

@@ -17,11 +17,19 @@ significant bits), passed as a float64 (exact).
   float64 for ``|q| < 2**49`` (``s`` has 4 significant bits), so the value
   is rounded once, to nearest, and is exact for ``|q| <= 2**20``.
 
-The byte streams are written and read one byte at a time through a 64-bit
-accumulator (``w <= WIDTH_MAX = 50`` keeps it below 58 bits), so unaligned
-packets need no copy.  The kernels run on one thread; the codec validates
-the widths and the packet size before any of them reads a payload (they do
-no bounds checks).
+A full block of ``w``-bit codes is exactly ``w`` 64-bit little-endian
+words (``64 w`` bits): it is packed through a 64-bit accumulator and
+stored/loaded 8 bytes at a time (byte loops LLVM merges into one unaligned
+access, so unaligned packets need no copy), and unpacked by reading bits
+``k w ..`` across at most two words (``w <= WIDTH_MAX = 50 < 64``) -- or,
+where the payload holds 8 more bytes after the block, by one unaligned
+8-byte load at the code's first byte (``7 + w <= 64`` bits).  The last,
+partial block goes byte by byte.  The codes of a block are computed
+in one branch-free pass (``rint`` in the current rounding mode: ties to
+even), its width from the OR of its zig-zag codes; a block holding a
+non-finite or out-of-range value is scanned again for the counts.  The
+kernels run on one thread; the codec validates the widths and the packet
+size before any of them reads a payload (they do no bounds checks).
 """
 import numpy as np
 from numba import njit
@@ -41,27 +49,23 @@ _U64 = np.uint64
 
 
 @njit(cache=True, nogil=True, inline="always")
-def _rint(y):
-    """``y`` rounded to the nearest integer, ties to even (float64)."""
-    f = np.floor(y)
-    r = y - f
-    if r > 0.5 or (r == 0.5 and f - 2.0 * np.floor(0.5 * f) != 0.0):
-        f += 1.0
-    return f
-
-
-@njit(cache=True, nogil=True, inline="always")
 def _code(v, s):
     """The code of the float32 ``v`` for step ``s``: the integer nearest
     ``v / s`` (ties to even) as a float64 -- the float64 division never
     moves a float32 quotient across a half-integer (the codec's proof);
     NaN for non-finite ``v``."""
-    return _rint(np.float64(v) / s)
+    return np.rint(np.float64(v) / s)
 
 
 @njit(cache=True, nogil=True, inline="always")
 def _zigzag(q):
     return _U64((q << 1) ^ (q >> 63))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _zigzag_f(q):
+    """The zig-zag code of the integral float64 ``q`` (``|q| < 2**52``)."""
+    return _U64(np.int64(q + q if q >= 0.0 else -(q + q) - 1.0))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -72,10 +76,25 @@ def _unzigzag(z):
 @njit(cache=True, nogil=True, inline="always")
 def _bit_length(z):
     w = 0
-    while z != _U64(0):
+    if z >= _U64(1 << 32):
+        z >>= _U64(32)
+        w += 32
+    if z >= _U64(1 << 16):
+        z >>= _U64(16)
+        w += 16
+    if z >= _U64(1 << 8):
+        z >>= _U64(8)
+        w += 8
+    if z >= _U64(1 << 4):
+        z >>= _U64(4)
+        w += 4
+    if z >= _U64(1 << 2):
+        z >>= _U64(2)
+        w += 2
+    if z >= _U64(2):
         z >>= _U64(1)
         w += 1
-    return w
+    return w + np.int64(z)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -85,11 +104,63 @@ def _value(q, s):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _store64(out, pos, word):
+    """``word`` into ``out[pos:pos + 8]``, little-endian (unsigned indices:
+    no wraparound test, so LLVM merges the bytes into one store)."""
+    p = _U64(pos)
+    for j in range(8):
+        out[p + _U64(j)] = np.uint8((word >> _U64(8 * j)) & _U64(0xFF))
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _load64(buf, pos):
+    """The little-endian 64-bit word at ``buf[pos:pos + 8]`` (one load)."""
+    p = _U64(pos)
+    word = _U64(0)
+    for j in range(8):
+        word |= _U64(buf[p + _U64(j)]) << _U64(8 * j)
+    return word
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _pack_words(zs, count, w, out, pos):
+    """``count`` chunks ``zs[:count]`` of ``w <= 63`` bits (``count w`` a
+    multiple of 64) through a 64-bit accumulator, as whole 8-byte words
+    into ``out[pos:]``; returns the position after them."""
+    uw = _U64(w)
+    acc = _U64(0)
+    nb = 0
+    for k in range(count):
+        z = zs[k]
+        acc |= z << _U64(nb)
+        nb += w
+        if nb >= 64:
+            _store64(out, pos, acc)
+            pos += 8
+            nb -= 64
+            acc = z >> (uw - _U64(nb))      # the bits not stored; 0 for nb = 0
+    return pos
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _pack_block(zs, m, w, out, pos):
-    """``m`` zig-zag codes ``zs[:m]`` at ``w`` bits into ``out[pos:]``;
-    returns the position after the block's bytes."""
+    """``m`` zig-zag codes ``zs[:m]`` (each below ``2**w``) at ``w`` bits
+    into ``out[pos:]``; returns the position after the block's bytes.  A
+    full block first joins 4 (``w <= 15``) or 2 (``w <= 31``) codes into
+    one chunk, in place in ``zs``."""
     if w == 0:
         return pos
+    if m == BLOCK:      # exactly w words
+        if w <= 15:     # 16 groups of 4 codes (4 w <= 60 bits)
+            for i in range(BLOCK // 4):
+                zs[i] = (zs[4 * i] | (zs[4 * i + 1] << _U64(w))
+                         | (zs[4 * i + 2] << _U64(2 * w)) | (zs[4 * i + 3] << _U64(3 * w)))
+            return _pack_words(zs, BLOCK // 4, 4 * w, out, pos)
+        if w <= 31:     # 32 pairs (2 w <= 62 bits)
+            for i in range(BLOCK // 2):
+                zs[i] = zs[2 * i] | (zs[2 * i + 1] << _U64(w))
+            return _pack_words(zs, BLOCK // 2, 2 * w, out, pos)
+        return _pack_words(zs, BLOCK, w, out, pos)
     acc = _U64(0)
     nb = 0
     for k in range(m):
@@ -106,80 +177,28 @@ def _pack_block(zs, m, w, out, pos):
     return pos
 
 
-@njit(cache=True, nogil=True)
-def ebq_encode(x, e, has_e, feedback, s, widths, payload, e_out):
-    """Codes of ``v = x + e`` (``v = x`` without ``has_e``), float32 sums,
-    block by block: the width of block ``c`` into ``widths[c]``, its packed
-    codes into ``payload`` from where the previous block's end; with
-    ``feedback`` also ``e_out = v - float32(q s)``.  ``payload`` must hold
-    the worst case (width 21).  Returns ``(bytes, bad, over)``: the payload
-    bytes written, how many ``v`` are NaN/Inf, and the index of the first
-    ``v`` whose code exceeds ``QMAX`` (-1: none).  Non-finite and
-    out-of-range entries get code 0; the caller raises for either."""
-    n = x.size
-    zs = np.empty(BLOCK, dtype=np.uint64)
-    pos = 0
-    bad = 0
-    over = -1
-    qmax = np.float64(QMAX)
-    for c, blo in enumerate(range(0, n, BLOCK)):
-        bhi = min(blo + BLOCK, n)
-        m = bhi - blo
-        zmax = _U64(0)
-        for k in range(m):
-            i = blo + k
-            v = x[i] + e[i] if has_e else x[i]
-            if v - v != 0:
-                bad += 1
-                q = 0.0
-            else:
-                q = _code(v, s)
-                if abs(q) > qmax:
-                    if over < 0:
-                        over = i
-                    q = 0.0
-            if feedback:
-                e_out[i] = v - _value(q, s)
-            z = _zigzag(np.int64(q))
-            zs[k] = z
-            zmax = z if z > zmax else zmax
-        w = _bit_length(zmax)
-        widths[c] = w
-        pos = _pack_block(zs, m, w, payload, pos)
-    return pos, bad, over
-
-
-@njit(cache=True, nogil=True)
-def ebq_codes(x, s, codes):
-    """``codes[i]`` (int32 or int64) = the code of ``x[i]``; returns
-    ``(bad, over)`` as :func:`ebq_encode` (their codes 0)."""
-    bad = 0
-    over = -1
-    qmax = np.float64(QMAX)
-    for i in range(x.size):
-        v = x[i]
-        if v - v != 0:
-            bad += 1
-            q = 0.0
-        else:
-            q = _code(v, s)
-            if abs(q) > qmax:
-                if over < 0:
-                    over = i
-                q = 0.0
-        codes[i] = np.int64(q)
-    return bad, over
-
-
 @njit(cache=True, nogil=True, inline="always")
-def _unpack_block(payload, pos, m, w, zs):
-    """``m`` codes of ``w`` bits from ``payload[pos:]`` into ``zs``; returns
-    the position after the block's bytes."""
+def _unpack_block(payload, pos, m, w, zs, wd):
+    """``m`` codes of ``w`` bits from ``payload[pos:]`` into ``zs`` (``wd``:
+    ``WIDTH_MAX + 1`` words of scratch); returns the position after the
+    block's bytes."""
     if w == 0:
         for k in range(m):
             zs[k] = _U64(0)
         return pos
     mask = _U64((1 << w) - 1)
+    if m == BLOCK:
+        for j in range(w):
+            wd[j] = _load64(payload, pos + 8 * j)
+        wd[w] = _U64(0)
+        for k in range(BLOCK):
+            b = k * w
+            j = b >> 6
+            o = _U64(b & 63)
+            lo = wd[j] >> o
+            hi = (wd[j + 1] << (_U64(63) - o)) << _U64(1)
+            zs[k] = (lo | hi) & mask
+        return pos + 8 * w
     acc = _U64(0)
     nb = 0
     for k in range(m):
@@ -193,21 +212,121 @@ def _unpack_block(payload, pos, m, w, zs):
     return pos
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _scan(x, e, has_e, lo, hi, s, bad, over):
+    """The scalar count of :func:`ebq_encode` over ``[lo, hi)``: ``bad``
+    plus the non-finite ``v``, ``over`` (if still -1) the first index whose
+    code exceeds ``QMAX``."""
+    qmax = np.float64(QMAX)
+    for i in range(lo, hi):
+        v = x[i] + e[i] if has_e else x[i]
+        if v - v != 0:
+            bad += 1
+        elif over < 0 and abs(_code(v, s)) > qmax:
+            over = i
+    return bad, over
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _encode_loop(x, e, has_e, feedback, s, widths, payload, e_out):
+    n = x.size
+    zs = np.empty(BLOCK, dtype=np.uint64)
+    pos = 0
+    bad = 0
+    over = -1
+    qmax = np.float64(QMAX)
+    for c, blo in enumerate(range(0, n, BLOCK)):
+        m = min(BLOCK, n - blo)
+        zor = _U64(0)
+        nok = 0
+        for k in range(m):
+            i = blo + k
+            v = x[i] + e[i] if has_e else x[i]
+            q = _code(v, s)
+            ok = abs(q) <= qmax         # false for NaN (non-finite v)
+            q = q if ok else 0.0
+            nok += 0 if ok else 1
+            if feedback:
+                e_out[i] = v - _value(q, s)
+            z = _zigzag_f(q)
+            zs[k] = z
+            zor |= z
+        if nok:
+            bad, over = _scan(x, e, has_e, blo, blo + m, s, bad, over)
+        w = _bit_length(zor)
+        widths[c] = w
+        pos = _pack_block(zs, m, w, payload, pos)
+    return pos, bad, over
+
+
+@njit(cache=True, nogil=True)
+def ebq_encode(x, e, has_e, feedback, s, widths, payload, e_out):
+    """Codes of ``v = x + e`` (``v = x`` without ``has_e``), float32 sums,
+    block by block: the width of block ``c`` into ``widths[c]``, its packed
+    codes into ``payload`` from where the previous block's end; with
+    ``feedback`` also ``e_out = v - float32(q s)``.  ``payload`` must hold
+    the worst case (width 21).  Returns ``(bytes, bad, over)``: the payload
+    bytes written, how many ``v`` are NaN/Inf, and the index of the first
+    ``v`` whose code exceeds ``QMAX`` (-1: none).  Non-finite and
+    out-of-range entries get code 0; the caller raises for either."""
+    # one specialised loop per flag pair (constant flags inside)
+    if has_e:
+        if feedback:
+            return _encode_loop(x, e, True, True, s, widths, payload, e_out)
+        return _encode_loop(x, e, True, False, s, widths, payload, e_out)
+    if feedback:
+        return _encode_loop(x, e, False, True, s, widths, payload, e_out)
+    return _encode_loop(x, e, False, False, s, widths, payload, e_out)
+
+
+@njit(cache=True, nogil=True)
+def ebq_codes(x, s, codes):
+    """``codes[i]`` (int32 or int64) = the code of ``x[i]``; returns
+    ``(bad, over)`` as :func:`ebq_encode` (their codes 0)."""
+    qmax = np.float64(QMAX)
+    nok = 0
+    for i in range(x.size):
+        q = _code(x[i], s)
+        ok = abs(q) <= qmax
+        nok += 0 if ok else 1
+        codes[i] = np.int64(q if ok else 0.0)
+    if nok:
+        return _scan(x, x, False, 0, x.size, s, 0, -1)
+    return 0, -1
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _unpack_any(payload, pos, m, w, zs, wd):
+    """:func:`_unpack_block`, but a full block with 8 more payload bytes
+    after it reads each code with one unaligned 8-byte load at its first
+    byte (``7 + w <= 64`` bits; the load may reach 8 bytes past the code)."""
+    if m == BLOCK and w > 0 and pos + 8 * w + 8 <= payload.size:
+        mask = _U64((1 << w) - 1)
+        for k in range(BLOCK):
+            b = k * w
+            zs[k] = (_load64(payload, pos + (b >> 3)) >> _U64(b & 7)) & mask
+        return pos + 8 * w
+    return _unpack_block(payload, pos, m, w, zs, wd)
+
+
 @njit(cache=True, nogil=True)
 def ebq_decode(widths, payload, s, out, add):
-    """``out (+)= float32(q s)`` for the codes of a validated packet."""
+    """``out (+)= float32(q s)`` for the codes of a validated packet (codes
+    into a block of scratch, then a loop over it that LLVM vectorises)."""
     n = out.size
     zs = np.empty(BLOCK, dtype=np.uint64)
+    wd = np.empty(WIDTH_MAX + 1, dtype=np.uint64)
     pos = 0
     for c, blo in enumerate(range(0, n, BLOCK)):
         m = min(BLOCK, n - blo)
-        pos = _unpack_block(payload, pos, m, np.int64(widths[c]), zs)
+        pos = _unpack_any(payload, pos, m, np.int64(widths[c]), zs, wd)
+        ob = out[blo:blo + m]
         if add:
             for k in range(m):
-                out[blo + k] += _value(_unzigzag(zs[k]), s)
+                ob[k] += _value(_unzigzag(zs[k]), s)
         else:
             for k in range(m):
-                out[blo + k] = _value(_unzigzag(zs[k]), s)
+                ob[k] = _value(_unzigzag(zs[k]), s)
 
 
 @njit(cache=True, nogil=True)
@@ -216,12 +335,14 @@ def ebq_add_codes(widths, payload, acc):
     ``acc.size`` elements."""
     n = acc.size
     zs = np.empty(BLOCK, dtype=np.uint64)
+    wd = np.empty(WIDTH_MAX + 1, dtype=np.uint64)
     pos = 0
     for c, blo in enumerate(range(0, n, BLOCK)):
         m = min(BLOCK, n - blo)
-        pos = _unpack_block(payload, pos, m, np.int64(widths[c]), zs)
+        pos = _unpack_any(payload, pos, m, np.int64(widths[c]), zs, wd)
+        ab = acc[blo:blo + m]
         for k in range(m):
-            acc[blo + k] += _unzigzag(zs[k])
+            ab[k] += _unzigzag(zs[k])
 
 
 @njit(cache=True, nogil=True)
@@ -229,24 +350,20 @@ def ebq_add_residual_codes(e, s, acc, e_out, has_out):
     """Fold a float32 residual ``e`` into integer codes: ``acc += code(e)``
     and (``has_out``) ``e_out = e - float32(code(e) s)``.  Returns ``(bad,
     over)`` as :func:`ebq_codes`."""
-    bad = 0
-    over = -1
     qmax = np.float64(QMAX)
+    nok = 0
     for i in range(acc.size):
         v = e[i]
-        if v - v != 0:
-            bad += 1
-            q = 0.0
-        else:
-            q = _code(v, s)
-            if abs(q) > qmax:
-                if over < 0:
-                    over = i
-                q = 0.0
+        q = _code(v, s)
+        ok = abs(q) <= qmax
+        nok += 0 if ok else 1
+        q = q if ok else 0.0
         acc[i] += np.int64(q)
         if has_out:
             e_out[i] = v - _value(q, s)
-    return bad, over
+    if nok:
+        return _scan(e, e, False, 0, acc.size, s, 0, -1)
+    return 0, -1
 
 
 @njit(cache=True, nogil=True)
@@ -258,14 +375,13 @@ def ebq_sizes(acc, widths):
     big = np.int64(0)
     for c, blo in enumerate(range(0, n, BLOCK)):
         m = min(BLOCK, n - blo)
-        zmax = _U64(0)
+        zor = _U64(0)
         for k in range(m):
             q = acc[blo + k]
             a = q if q >= 0 else -q
             big = a if a > big else big
-            z = _zigzag(q)
-            zmax = z if z > zmax else zmax
-        w = _bit_length(zmax)
+            zor |= _zigzag(q)
+        w = _bit_length(zor)
         widths[c] = w
         total += (m * w + 7) // 8
     return total, big
