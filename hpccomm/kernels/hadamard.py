@@ -20,6 +20,18 @@ inverse, so unrotate undoes rotate up to float32 rounding: sizes are kept,
 nothing is padded.  Every piece is transformed in a scratch of ``B``
 elements (4 KiB for ``B = 1024``): each kernel is one pass over its arrays.
 
+Speed without other bits: a piece of 16 or more runs the stages of
+:func:`_fwht` in the same order with the same float32 operations, only
+grouped -- ``d * v`` into the scratch in a loop LLVM vectorizes, stages 1, 2,
+4 in registers per group of 8 (scalar: numba runs no SLP vectorizer), the
+middle stages two per sweep over row views whose contiguous lanes LLVM
+vectorizes (:func:`_middle`), and the last stage fused with the
+normalisation, the signs (unrotate) and the store.  Multiplying by
+``d_i = +-1`` is exact, so where it happens does not matter; the order of
+the additions does, and ``tests/test_codec_rotation.py`` pins the bits
+against a numpy stage-by-stage reference.  Shorter pieces take
+:func:`_fwht` itself.
+
 The kernels are single-threaded loops over pieces; pieces are independent,
 so the bits depend on the data, ``B`` and ``d`` alone.
 """
