@@ -380,3 +380,86 @@ def test_device_path_stages_a_rotated_codec():
     plain = hpccomm.Allreducer(MPI.COMM_SELF, codec="qsgd", algorithm="twoshot")
     plain(data(100), key="k")
     assert why_not_on_device(plain.algorithm, plain.codec, plain.memory, "float32") == ""
+
+
+def fwht_stages(v):
+    """The transform of the kernels' module docstring in numpy float32, stage
+    by stage (``h = 1, 2, ..., s/2``, butterflies ``(a + b, a - b)``): the
+    order the kernels must keep, so their bits are these."""
+    b = np.array(v, dtype=np.float32)
+    h = 1
+    with np.errstate(over="ignore", invalid="ignore"):
+        while h < b.size:
+            r = b.reshape(-1, 2, h)
+            a, c = r[:, 0].copy(), r[:, 1].copy()
+            r[:, 0] = a + c
+            r[:, 1] = a - c
+            h *= 2
+    return b
+
+
+def exact(x, e, q, d, block):
+    """Float32 references of rotate (with its non-finite counts), unrotate
+    and unrotate_residual, piece by piece with :func:`fwht_stages`."""
+    n = x.size
+    with np.errstate(invalid="ignore"):
+        v = x if e is None else x + e
+    y = np.empty(n, np.float32)
+    un = np.empty(n, np.float32)
+    res = np.empty(n, np.float32)
+    bad_in = bad_out = 0
+    lo = 0
+    for s in K.piece_sizes(n, block):
+        c = np.float32(1.0 / math.sqrt(s))
+        sl = slice(lo, lo + s)
+        y[sl] = c * fwht_stages(d[:s] * v[sl])
+        nb = int((~np.isfinite(v[sl])).sum())
+        bad_in += nb
+        bad_out += int((~np.isfinite(y[sl])).sum()) if nb == 0 else 0
+        un[sl] = d[:s] * (c * fwht_stages(q[sl]))
+        with np.errstate(invalid="ignore"):
+            res[sl] = v[sl] - un[sl]
+        lo += s
+    return y, (bad_in, bad_out), un, res
+
+
+def same_bits(a, b):
+    """Equal bits, NaN payloads aside (a NaN's payload follows operand order)."""
+    nan = np.isnan(a)
+    return (nan == np.isnan(b)).all() and a[~nan].tobytes() == b[~nan].tobytes()
+
+
+@pytest.mark.parametrize("block", [2, 8, 16, 32, 64, 128, 1024, 2048])
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 48, 1000, 2047, 2048 * 3 + 1023])
+def test_kernels_give_the_bits_of_the_stage_order(block, n):
+    """rotate / unrotate / unrotate_residual, whatever their loop structure
+    (fused stages, the first and last stages fused with the loads and
+    stores), give the float32 bits of the stage-by-stage transform, on
+    heavy-tailed values, values near the float32 maximum and non-finite ones."""
+    rng = np.random.default_rng(block * 7919 + n)
+    d = signs(step=n, block=block)
+    for case in range(3):
+        x = data(n, seed=block + case, heavy=True) * np.float32(10.0 ** rng.integers(-30, 30))
+        e = data(n, seed=block + case + 1)
+        q = data(n, seed=block + case + 2, heavy=True)
+        if case == 1 and n:
+            x[rng.integers(0, n, 3)] = np.float32(3e38)
+        if case == 2 and n:
+            x[rng.integers(0, n, 2)] = [np.inf, np.nan][rng.integers(0, 2)]
+            e[rng.integers(0, n)] = -np.inf
+        for has_e in (False, True):
+            want_y, want_bad, want_un, want_res = exact(x, e if has_e else None, q, d, block)
+            y = np.empty(n, np.float32)
+            assert K.rotate(x, e if has_e else x, has_e, d, block, y) == want_bad
+            assert same_bits(y, want_y)
+            res = q.copy()
+            K.unrotate_residual(x, e if has_e else x, has_e, res, d, block, res)
+            assert same_bits(res, want_res)
+        un = np.empty(n, np.float32)
+        K.unrotate(q, d, block, un, False)
+        assert same_bits(un, want_un)
+        acc = e.copy()
+        K.unrotate(q, d, block, acc, True)
+        assert same_bits(acc, e + want_un)
+        K.unrotate(q, d, block, q, False)      # in place
+        assert same_bits(q, want_un)

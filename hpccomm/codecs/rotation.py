@@ -55,11 +55,12 @@ segment rotates with the blocks of the whole vector.
 Error feedback stays in the original domain (the residual memory holds
 positions): :meth:`RotatedCodec.encode_with_feedback` gives the packet of
 ``v = x + e`` and ``e_out = v - decode(packet)`` with the bits of encode,
-decode and subtract, in four passes (``y = R v``; the inner encode of ``y``;
-the inner decode into ``e_out``; ``e_out = v - R^T e_out``, re-reading ``x``
-and ``e``).  ``owner_step`` (``twoshot``'s owner) runs the separate steps:
-each received packet decoded and un-rotated into the sum in rank order, ``w
-= acc + e``, its packet, ``out = decode(packet)``, ``e_out = w - out`` --
+decode and subtract, in four passes (``y = R v``, written into ``e_out``,
+no n-element temporary; the inner encode of ``y``; the inner decode into
+``e_out``; ``e_out = v - R^T e_out``, re-reading ``x`` and ``e``).
+``owner_step`` (``twoshot``'s owner) runs the separate steps: each received
+packet decoded and un-rotated into the sum in rank order, ``w = acc + e``,
+its packet, ``out = decode(packet)``, ``e_out = w - out`` --
 what lets twoshot pipeline a rotated codec in segments.  Under error feedback
 the inner codec's contractive scaling (``qsgd``, ``terngrad``) applies to the
 rotated vector (``R`` is orthogonal: the same norms).
@@ -215,11 +216,13 @@ class RotatedCodec(Codec):
     def _key(self, ctx):
         return int(stream_key(ctx.seed, 0, ctx.step, CODEC_ID))
 
-    def _rotate(self, x, e, ctx):
-        """``(y, key, bad_in)``: ``y = R (x + e)``; raises for non-finite
-        input under ``nonfinite="raise"``, and for a rotation that overflows."""
+    def _rotate(self, x, e, ctx, y=None):
+        """``(y, key)``: ``y = R (x + e)`` (into ``y`` where given); raises for
+        non-finite input under ``nonfinite="raise"``, and for a rotation that
+        overflows."""
         key = self._key(ctx)
-        y = np.empty(x.size, dtype=np.float32)
+        if y is None:
+            y = np.empty(x.size, dtype=np.float32)
         bad_in, bad_out = K.rotate(x, x if e is None else e, e is not None,
                                    _signs(key, self.k), self.block, y)
         self._raise_nonfinite(bad_in)
@@ -250,7 +253,11 @@ class RotatedCodec(Codec):
         the inner decode into ``e_out``, ``e_out = v - R^T e_out`` (a pass
         over ``x``, ``e``, ``e_out``)."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
-        y, key = self._rotate(x, e, ctx)
+        # y = R v goes to e_out, whose old contents nothing reads, unless it
+        # overlaps x or e (re-read by the last step): no fresh n-element array
+        spare = not (np.may_share_memory(e_out, x)
+                     or (e is not None and np.may_share_memory(e_out, e)))
+        y, key = self._rotate(x, e, ctx, e_out if spare else None)
         inner_packet = self.inner.encode(y, self._inner_ctx(ctx))
         self.inner.decode(inner_packet, e_out)
         K.unrotate_residual(x, x if e is None else e, e is not None, e_out,
