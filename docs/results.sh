@@ -87,6 +87,8 @@ new_codecs() {
   python -m hpccomm.bench netem --ranks 2 --rate 1gbit --timeout 1400 -- -m 4M:64M -f 16 -i 5 \
     -x 1 --codec powersgd,ebq,fp8,qsgd,qsgd+rotate,bf16 --algorithm twoshot,mpi \
     --option qsgd.norm=max --no-progress -J $o/netem-1g-p2.json | tee $o/netem-1g-p2.txt
+  bench 4 train --dataset mnist1d --codec powersgd --option powersgd.start_iter=189 \
+    --seeds 0,1,2 -J $o/train-mnist1d-r1-warmup.json
   for ds in digits mnist1d; do
     bench 4 train --dataset $ds --codec none,powersgd,fp8 --seeds 0,1,2 -J $o/train-$ds-r1.json
     for r in 2 4; do
