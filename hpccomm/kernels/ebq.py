@@ -34,6 +34,8 @@ size before any of them reads a payload (they do no bounds checks).
 import numpy as np
 from numba import njit
 
+from .bitcast import bit_length
+
 #: elements per block (one width byte each)
 BLOCK = 64
 #: the largest code magnitude of an encode (worker packets): ``q s`` is then
@@ -71,30 +73,6 @@ def _zigzag_f(q):
 @njit(cache=True, nogil=True, inline="always")
 def _unzigzag(z):
     return np.int64(z >> _U64(1)) ^ -np.int64(z & _U64(1))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _bit_length(z):
-    w = 0
-    if z >= _U64(1 << 32):
-        z >>= _U64(32)
-        w += 32
-    if z >= _U64(1 << 16):
-        z >>= _U64(16)
-        w += 16
-    if z >= _U64(1 << 8):
-        z >>= _U64(8)
-        w += 8
-    if z >= _U64(1 << 4):
-        z >>= _U64(4)
-        w += 4
-    if z >= _U64(1 << 2):
-        z >>= _U64(2)
-        w += 2
-    if z >= _U64(2):
-        z >>= _U64(1)
-        w += 1
-    return w + np.int64(z)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -253,7 +231,7 @@ def _encode_loop(x, e, has_e, feedback, s, widths, payload, e_out):
             zor |= z
         if nok:
             bad, over = _scan(x, e, has_e, blo, blo + m, s, bad, over)
-        w = _bit_length(zor)
+        w = bit_length(zor)
         widths[c] = w
         pos = _pack_block(zs, m, w, payload, pos)
     return pos, bad, over
@@ -381,7 +359,7 @@ def ebq_sizes(acc, widths):
             a = q if q >= 0 else -q
             big = a if a > big else big
             zor |= _zigzag(q)
-        w = _bit_length(zor)
+        w = bit_length(zor)
         widths[c] = w
         total += (m * w + 7) // 8
     return total, big

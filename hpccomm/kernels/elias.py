@@ -32,6 +32,8 @@ bits end in an error code, never in a read past the packet or an endless loop.
 import numpy as np
 from numba import njit
 
+from .bitcast import bit_length
+
 #: codewords of 1 .. TABLE - 1 come from the table (at most 27 bits each)
 TABLE = 1 << 16
 
@@ -48,25 +50,12 @@ ERRORS = {
 }
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _bitlen(v):
-    """Bits of ``v >= 1`` (``floor(log2 v) + 1``)."""
-    b = 0
-    while v >= 256:
-        v >>= 8
-        b += 8
-    while v:
-        v >>= 1
-        b += 1
-    return b
-
-
 @njit(cache=True, nogil=True)
 def omega_length(v):
     """Length in bits of the Elias-omega code of ``v >= 1``."""
     n = 1
     while v > 1:
-        b = _bitlen(v)
+        b = bit_length(np.uint64(v))
         n += b
         v = b - 1
     return n
@@ -80,7 +69,7 @@ def _omega_code(v):
     code = np.uint64(0)   # the groups written so far (the inner ones), then the 0
     n = 1
     while v > 1:
-        b = _bitlen(v)
+        b = bit_length(np.uint64(v))
         code |= np.uint64(v) << np.uint64(n)
         n += b
         v = b - 1
