@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_bf16_bits,
                       resolve_gpu_aware)
-from .codecs.base import CODECS, Codec, get_codec
+from .codecs.base import Codec, get_codec, own_algorithm
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.mpi import device_allreduce
 from .collectives.on_device import DEVICE_ALGORITHMS, DevicePath, why_not_on_device
@@ -116,7 +116,7 @@ class Allreducer:
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
         if algorithm is None:
-            algorithm = _codec_algorithm(codec) or "mpi"
+            algorithm = own_algorithm(codec) or "mpi"
         alg_cls = get_algorithm_class(algorithm)
         codec_opts, alg_opts = resolve_options(codec, algorithm, options)
         codec_opts.update(codec_options or {})
@@ -553,15 +553,6 @@ class _Lean:
     def __init__(self, key, shape, dtype, desc, scan, state, extra):
         self.key, self.shape, self.dtype, self.desc, self.scan = key, shape, dtype, desc, scan
         self.state, self.extra = state, extra
-
-
-def _codec_algorithm(codec: Any) -> Optional[str]:
-    """The algorithm a codec (name or instance) names as its own, or None."""
-    if isinstance(codec, Codec):
-        return codec.algorithm
-    if isinstance(codec, str) and codec in CODECS:
-        return CODECS.get(codec).algorithm
-    return None
 
 
 def _length(x: Any) -> Any:

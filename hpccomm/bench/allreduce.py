@@ -45,7 +45,7 @@ import time
 
 import numpy as np
 
-from ..codecs.base import CODECS, split_rotate
+from ..codecs.base import own_algorithm, split_rotate
 from .harness import (case_options, device_sync, empty_like, fmt_bytes, make_buffer,
                       mpi_library, mpi_thread_level, parse_options, parse_range, sizes_from,
                       slowest_rank, to_numpy)
@@ -379,7 +379,7 @@ def main(argv=None) -> int:
     cases = [("-", "MPI_Allreduce"), ("none", "mpi")]
     skipped = []
     for c in codecs:
-        own = CODECS.get(split_rotate(c)[0]).algorithm    # powersgd: its own algorithm only
+        own = own_algorithm(c)    # powersgd: its own algorithm only
         for a in ([own] if own else algorithms):
             if (c, a) in cases:
                 continue

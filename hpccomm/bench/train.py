@@ -37,7 +37,7 @@ from typing import Dict, List
 
 import numpy as np
 
-from ..codecs.base import CODECS, split_rotate
+from ..codecs.base import own_algorithm, split_rotate
 from ..options import resolve_options
 from .harness import case_options, parse_options
 
@@ -327,8 +327,7 @@ def main(argv=None) -> int:
     runs = []
     for codec in codecs:
         # none goes through MPI_Allreduce; powersgd through its own algorithm
-        algorithm = "mpi" if codec == "none" else (CODECS.get(split_rotate(codec)[0]).algorithm
-                                                     or args.algorithm)
+        algorithm = "mpi" if codec == "none" else (own_algorithm(codec) or args.algorithm)
         args.options = case_options(codec, algorithm, all_options)
         for seed in seeds:
             r = train_one(comm, data, codec, algorithm, seed, args)

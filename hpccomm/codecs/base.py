@@ -413,6 +413,15 @@ def split_rotate(name: str) -> Tuple[str, bool]:
     return name, False
 
 
+def own_algorithm(spec) -> Optional[str]:
+    """The algorithm a codec (a name, ``"+rotate"`` names too, or an
+    instance) names as its own (``powersgd``'s), or None."""
+    if isinstance(spec, Codec):
+        return spec.algorithm
+    name = split_rotate(spec)[0] if isinstance(spec, str) else None
+    return CODECS.get(name).algorithm if name in CODECS else None
+
+
 def get_codec(spec, **params) -> Codec:
     """A codec instance from a name (with ``params``) or an instance.
 
