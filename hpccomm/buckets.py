@@ -139,6 +139,20 @@ class BucketRunner:
             return self.dense_reducer.start(target, key=b.key, out=target)
         return self.reducer.start(target, key=b.key, out=target, layout=b.shapes)
 
+    @property
+    def bytes_sent(self) -> int:
+        return self.reducer.stats.bytes_sent + self.dense_reducer.stats.bytes_sent
+
+    @property
+    def comm_time(self) -> float:
+        """Seconds spent in MPI transfers (and device staging), both reducers."""
+        return self.reducer.stats.t_comm + self.dense_reducer.stats.t_comm
+
+    @property
+    def reduce_time(self) -> float:
+        """Seconds spent in the reducers: encode, communication and decode."""
+        return self.reducer.stats.t_total + self.dense_reducer.stats.t_total
+
     def plan(self) -> List[Tuple[str, bool, List[str]]]:
         """``(key, dense, names)`` per bucket."""
         return [(b.key, b.dense, list(b.names)) for b in self.buckets]

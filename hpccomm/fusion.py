@@ -94,17 +94,3 @@ class GradientBuckets(BucketRunner):
     def _drain(grads, b, flat) -> None:
         for name, off, size in zip(b.names, b.offsets, b.sizes):
             grads[name].reshape(-1)[...] = flat[off:off + size]
-
-    @property
-    def bytes_sent(self) -> int:
-        return self.reducer.stats.bytes_sent + self.dense_reducer.stats.bytes_sent
-
-    @property
-    def comm_time(self) -> float:
-        """Seconds spent in MPI transfers (and device staging), both reducers."""
-        return self.reducer.stats.t_comm + self.dense_reducer.stats.t_comm
-
-    @property
-    def reduce_time(self) -> float:
-        """Seconds spent in the reducers: encode, communication and decode."""
-        return self.reducer.stats.t_total + self.dense_reducer.stats.t_total

@@ -86,7 +86,7 @@ def test_sbatch_train_template(cluster, tmp_path):
     data = json.loads((job_dir / "train.json").read_text())
     assert data["meta"]["ranks"] == 2
     assert [r["codec_name"] for r in data["runs"]] == ["none", "topk"]
-    assert all(r["weights_identical"] and len(r["epochs"]) == 2 for r in data["runs"])
+    assert all(r["weights_identical"] and len(r["history"]) == 2 for r in data["runs"])
 
 
 def test_failing_job_reports_failure(cluster, tmp_path):

@@ -4,7 +4,9 @@ Commands
     allreduce   every selected collective against MPI_Allreduce, side by side
                 (run it under mpiexec / srun)
     codecs      encode / decode throughput of every codec against memcpy
-    train       data-parallel training with compressed gradients (accuracy study)
+    train       data-parallel training with compressed gradients (accuracy, time to accuracy)
+    tta         time to accuracy (markdown) from train JSON results
+    lrgrid      choose each codec's learning rate on validation, for train --recipe paper
     plot        PNG figures from the JSON files of allreduce and train
     netem       the allreduce benchmark across network namespaces with tc-limited links
     sparse      sparse allreduce algorithms against MPI_Allreduce (under mpiexec / srun)
@@ -23,8 +25,12 @@ COMMANDS = {
     "allreduce": ("hpccomm.bench.allreduce", "collectives vs MPI_Allreduce over a size sweep "
                                              "(under mpiexec/srun)"),
     "codecs": ("hpccomm.bench.codecs", "encode/decode throughput of every codec vs memcpy"),
-    "train": ("hpccomm.bench.train", "data-parallel MLP training: accuracy of each codec vs fp32 "
-                                     "(under mpiexec)"),
+    "train": ("hpccomm.bench.train", "data-parallel training (mlp, cnn, charlm): accuracy and "
+                                     "time to accuracy of each codec vs fp32 (under mpiexec)"),
+    "tta": ("hpccomm.bench.timetoacc", "time to fp32's accuracy per codec from train JSON "
+                                       "results"),
+    "lrgrid": ("hpccomm.bench.lrgrid", "choose each codec's learning rate on validation for "
+                                       "train --recipe paper (under mpiexec)"),
     "plot": ("hpccomm.bench.plot", "PNG figures from allreduce/train JSON results"),
     "netem": ("hpccomm.bench.netem", "the allreduce benchmark on an emulated cluster network "
                                      "(root)"),

@@ -183,8 +183,10 @@ def launch_command(cluster: Cluster, mpi: str, bench_args: List[str],
     return ["ip", "netns", "exec", cluster.host_ns(0), "unshare", "--uts", "sh", "-c", script]
 
 
-def launch_env(mode: str, mpi: str) -> dict:
+def launch_env(mode: str, mpi: str, rate: str = "") -> dict:
     env = dict(os.environ)
+    # what the network is, for the results' metadata (train records it)
+    env["HPCCOMM_NETEM"] = f"netem {mode}, {rate} per NIC" if rate else f"netem {mode}"
     env.setdefault("NUMBA_NUM_THREADS", "1")
     if mpi == "mpich":
         env.update(MPIR_CVAR_CH4_NETMOD="ofi", FI_PROVIDER="tcp")
@@ -192,6 +194,8 @@ def launch_env(mode: str, mpi: str) -> dict:
             env["MPIR_CVAR_NOLOCAL"] = "1"
         else:
             env["FI_TCP_IFACE"] = "veth0"
+    if mode == "per-host":
+        env["GLOO_SOCKET_IFNAME"] = "veth0"     # train --runner ddp: gloo on the emulated NIC
     else:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
     return env
@@ -228,7 +232,7 @@ def main(argv=None) -> int:
     p.add_argument("--burst", default="256kb", help="tbf burst (default 256kb)")
     p.add_argument("--timeout", type=int, default=3600, help="seconds before giving up")
     p.add_argument("-v", "--verbose", action="store_true", help="print the ip/tc commands")
-    p.add_argument("--command", choices=("allreduce", "calibrate", "sparse", "overlap"), default="allreduce",
+    p.add_argument("--command", choices=("allreduce", "calibrate", "sparse", "overlap", "train"), default="allreduce",
                    help="the hpccomm.bench command to run across the network (default allreduce)")
     args = p.parse_args(own)
     if not 1 <= args.ranks <= 64:
@@ -257,7 +261,7 @@ def main(argv=None) -> int:
         cmd = launch_command(cluster, mpi, bench_args, args.command, per_host)
         if args.verbose:
             print("+", " ".join(shlex.quote(c) for c in cmd), file=sys.stderr)
-        proc = subprocess.run(cmd, env=launch_env(args.mode, mpi), timeout=args.timeout)
+        proc = subprocess.run(cmd, env=launch_env(args.mode, mpi, args.rate), timeout=args.timeout)
         return proc.returncode
     except subprocess.CalledProcessError as exc:
         err = exc.stderr.decode(errors="replace").strip() if exc.stderr else ""

@@ -11,7 +11,9 @@ For each input file, two PNGs beside it (or in ``--out``):
   line at 1 is break-even.
 
 Training results (``hpccomm.bench train -J``) give ``<name>-accuracy.png``:
-test accuracy against epoch, mean over seeds with a min-max band, per codec.
+the validation metric against epoch, mean over seeds with a min-max band, per
+codec; and ``<name>-time.png``: the same against the training clock, with
+fp32's final value as a line (time to accuracy).
 """
 from __future__ import annotations
 
@@ -67,47 +69,68 @@ def plot_allreduce(data: dict, stem: str, plt) -> list:
     return paths
 
 
+def _series(data: dict):
+    """Runs grouped by label (codec, error feedback, runner) in first-seen order."""
+    by = defaultdict(list)
+    for run in data["runs"]:
+        by[run.get("label") or run["codec_name"]].append(run)
+    return by
+
+
 def plot_train(data: dict, stem: str, plt) -> list:
+    """``<stem>-accuracy.png``: the validation metric against epoch, mean over
+    seeds with a min-max band; ``<stem>-time.png``: the same against the
+    training clock (mean over seeds of each epoch's time), the horizontal
+    line at fp32's final mean -- the time-to-accuracy picture."""
     import numpy as np
 
-    by_codec = defaultdict(list)
-    for run in data["runs"]:
-        by_codec[(run["codec_name"], run["error_feedback"], run["codec"])].append(run)
-    # the full description only where one codec appears with several parameter sets
-    variants = defaultdict(set)
-    for codec, _, described in by_codec:
-        variants[codec].add(described)
-    fig, ax = plt.subplots(figsize=(10, 5.5))
-    colors = plt.cm.tab20(np.linspace(0, 1, 20))
-    for series, ((codec, ef, described), runs) in enumerate(sorted(by_codec.items())):
-        # a diverged run stops early: its missing epochs count as accuracy 0
-        length = max(len(r["epochs"]) for r in runs)
-        acc = np.zeros((len(runs), max(length, 1)))
-        for i, r in enumerate(runs):
-            acc[i, :len(r["epochs"])] = [e["test_acc"] for e in r["epochs"]]
-        epochs = np.arange(1, acc.shape[1] + 1)
-        diverged = sum(r.get("diverged_at_step") is not None for r in runs)
-        name = described if len(variants[codec]) > 1 else codec
-        label = (f"{name}{' +EF' if ef else ''} (n={len(runs)}"
-                 f"{f', {diverged} diverged' if diverged else ''})")
-        line, = ax.plot(epochs, acc.mean(axis=0), label=label,
-                        color="black" if codec == "none" else colors[series % 20],
-                        linewidth=2.5 if codec == "none" else 1.2,
-                        linestyle="--" if not ef and codec not in ("none", "dgc") else "-")
-        ax.fill_between(epochs, acc.min(axis=0), acc.max(axis=0), alpha=0.10,
-                        color=line.get_color())
     meta = data.get("meta", {})
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(f"{meta.get('dataset', '')}: {meta.get('ranks', '?')} ranks, mean and min-max "
-                 "over seeds", fontsize=10)
-    ax.grid(True, alpha=0.3)
-    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-    fig.tight_layout()
-    path = f"{stem}-accuracy.png"
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return [path]
+    loss = meta.get("metric") == "loss"
+    colors = plt.cm.tab20(np.linspace(0, 1, 20))
+    paths = []
+    target = None
+    series = _series(data)
+    if "none" in series:
+        target = np.mean([r["history"][-1]["val"] for r in series["none"] if r["history"]])
+    for kind in ("accuracy", "time"):
+        fig, ax = plt.subplots(figsize=(10, 5.5))
+        for i, (label, runs) in enumerate(series.items()):
+            # a diverged run stops early: its missing epochs count as chance (0) / no point
+            length = max(len(r["history"]) for r in runs)
+            if length == 0:
+                continue
+            val = np.full((len(runs), length), np.nan if loss else 0.0)
+            clock = np.full((len(runs), length), np.nan)
+            for j, r in enumerate(runs):
+                val[j, :len(r["history"])] = [e["val"] for e in r["history"]]
+                clock[j, :len(r["history"])] = [e["time"] for e in r["history"]]
+            x = np.arange(1, length + 1) if kind == "accuracy" else np.nanmean(clock, axis=0)
+            diverged = sum(r.get("diverged_at_step") is not None for r in runs)
+            fp32 = label in ("none", "ddp-none")
+            line, = ax.plot(x, np.nanmean(val, axis=0), marker="." if kind == "time" else None,
+                            label=f"{label} (n={len(runs)}"
+                                  f"{f', {diverged} diverged' if diverged else ''})",
+                            color="black" if label == "none" else colors[i % 20],
+                            linewidth=2.5 if fp32 else 1.2,
+                            linestyle=":" if label.endswith("ef=off") else "-")
+            if kind == "accuracy":
+                ax.fill_between(x, np.nanmin(val, axis=0), np.nanmax(val, axis=0), alpha=0.10,
+                                color=line.get_color())
+        if target is not None and kind == "time":
+            ax.axhline(target, color="black", linewidth=0.8, linestyle="--")
+        ax.set_xlabel("epoch" if kind == "accuracy" else "training time (s)")
+        ax.set_ylabel("validation " + ("loss (bits/char)" if loss else "accuracy"))
+        where = meta.get("netem") or f"{meta.get('ranks', '?')} ranks"
+        ax.set_title(f"{meta.get('model', '')} on {meta.get('dataset', '')}: {where}, "
+                     f"recipe {meta.get('recipe', '')}", fontsize=10)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+        fig.tight_layout()
+        path = f"{stem}-{kind}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
 
 
 def main(argv=None) -> int:

@@ -1,161 +1,72 @@
 """``python -m hpccomm.bench train``: data-parallel training with compressed
-gradients, to measure what compression costs in accuracy.
+gradients, to measure what compression costs in accuracy and what it saves in
+time.
 
-    mpiexec -n 4 python -m mpi4py -m hpccomm.bench train --dataset digits \\
-        --codec none,onebit,topk --seeds 0,1,2 -J train.json
+    mpiexec -n 4 python -m mpi4py -m hpccomm.bench train --model cnn \\
+        --codec none,onebit,topk --recipe paper --seeds 0,1,2 -J train.json
 
-Each rank trains the same MLP (same seed, same initial weights) on its shard
-of every global minibatch; the gradients are averaged through hpccomm
-(``op="mean"``) in fusion buckets, with the chosen codec, algorithm and error
-feedback; every rank applies the same SGD-with-momentum update.  At the end
-the ranks' weights are compared bit for bit.
+Models (:mod:`hpccomm.bench.models`, data: :mod:`hpccomm.bench.datasets`):
 
-Why numpy and not torch: the models that fit the offline datasets here
-(sklearn's 8x8 digits, MNIST-1D) are small MLPs whose forward and backward
-passes are a few matrix products; numpy keeps the harness dependency-free and
-exactly reproducible, and the torch integration is exercised separately
-(:mod:`hpccomm.torch_grads`).
+``--model mlp``     numpy MLP on ``--dataset digits`` (default) or ``mnist1d``:
+                    the no-torch path;
+``--model cnn``     1-D CNN on MNIST-1D (torch);
+``--model charlm``  character-level transformer on standard-library source
+                    files, reported in bits per character (torch).
 
-Techniques from the papers, as options: linear learning-rate scaling with
-gradual warm-up (Goyal et al.); dense warm-up steps before compression starts;
-TernGrad's full-precision last layer (``--fp-last-layer auto``: on for
-terngrad); DGC's momentum correction, factor masking and sparsity warm-up
-(``--dgc-momentum auto``: on for the dgc codec).
+Every rank builds the same model (same seed, same initial weights) and trains
+on its shard of every global minibatch; the gradients are averaged through
+hpccomm (``op="mean"``) with the chosen codec, algorithm and error feedback,
+or, for the torch models, through PyTorch DDP with its own hooks
+(``--runner ddp``, :mod:`hpccomm.bench.torch_train`).  Each epoch ends with
+the validation metric and the training clock; the test metric is taken once,
+at the end.  The ranks' weights are then compared bit for bit.
 
-Data: ``--dataset digits`` (scikit-learn's 1797 real 8x8 digits, offline) or
-``mnist1d`` (generated procedurally by the ``mnist1d`` package; nothing is
-downloaded).  Install both with ``pip install 'hpccomm[train]'``.
+Hyper-parameters: each model's fp32 set (:data:`hpccomm.bench.recipes.MODELS`),
+any of them overridable.  ``--recipe same`` trains every codec with them;
+``--recipe paper`` applies the codec's recipe from its paper and the learning
+rate chosen on validation by ``python -m hpccomm.bench lrgrid``
+(:mod:`hpccomm.bench.recipes`).
+
+Data: install with ``pip install 'hpccomm[train]'`` (scikit-learn, mnist1d)
+and ``'hpccomm[torch]'``; nothing is downloaded.
 """
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
+import os
 import sys
 import time
-from typing import Dict, List
 
 import numpy as np
 
 from ..codecs.base import own_algorithm, split_rotate
 from ..options import resolve_options
+from . import recipes
 from .harness import case_options, parse_options
 
 
-# --------------------------------------------------------------------------- data
-def load_dataset(name: str, samples: int = 5000):
-    """``(x_train, y_train, x_test, y_test)`` as float32 / int64, standardized."""
-    if name == "digits":
-        from sklearn.datasets import load_digits
-
-        d = load_digits()
-        x, y = d.data.astype(np.float32), d.target.astype(np.int64)
-        perm = np.random.default_rng(0).permutation(len(x))  # fixed split, any training seed
-        cut = int(0.8 * len(x))
-        xtr, ytr, xte, yte = x[perm[:cut]], y[perm[:cut]], x[perm[cut:]], y[perm[cut:]]
-    elif name == "mnist1d":
-        from mnist1d.data import get_dataset_args, make_dataset
-
-        args = get_dataset_args()
-        args.num_samples = samples
-        d = make_dataset(args)
-        xtr, ytr = d["x"].astype(np.float32), d["y"].astype(np.int64)
-        xte, yte = d["x_test"].astype(np.float32), d["y_test"].astype(np.int64)
-    else:
-        raise ValueError(f"unknown dataset {name!r}")
-    mean, std = xtr.mean(axis=0), xtr.std(axis=0) + 1e-6
-    return (xtr - mean) / std, ytr, (xte - mean) / std, yte
-
-
-# -------------------------------------------------------------------------- model
-class MLP:
-    """ReLU MLP with a softmax cross-entropy head, float32, numpy."""
-
-    def __init__(self, sizes: List[int], seed: int):
-        rng = np.random.default_rng([seed, 12345])
-        self.sizes = sizes
-        self.params: Dict[str, np.ndarray] = {}
-        for i, (a, b) in enumerate(zip(sizes[:-1], sizes[1:])):
-            self.params[f"W{i}"] = (rng.standard_normal((a, b)) * np.sqrt(2.0 / a)).astype(np.float32)
-            self.params[f"b{i}"] = np.zeros(b, dtype=np.float32)
-        self.layers = len(sizes) - 1
-
-    @property
-    def last_layer(self) -> List[str]:
-        return [f"W{self.layers - 1}", f"b{self.layers - 1}"]
-
-    def logits(self, x):
-        h = x
-        for i in range(self.layers):
-            h = h @ self.params[f"W{i}"] + self.params[f"b{i}"]
-            if i < self.layers - 1:
-                h = np.maximum(h, 0)
-        return h
-
-    def loss_and_grads(self, x, y):
-        acts = [x]
-        h = x
-        for i in range(self.layers):
-            h = h @ self.params[f"W{i}"] + self.params[f"b{i}"]
-            if i < self.layers - 1:
-                h = np.maximum(h, 0)
-            acts.append(h)
-        z = acts[-1] - acts[-1].max(axis=1, keepdims=True)
-        p = np.exp(z)
-        p /= p.sum(axis=1, keepdims=True)
-        n = x.shape[0]
-        loss = float(-np.log(p[np.arange(n), y] + 1e-12).mean())
-        d = p
-        d[np.arange(n), y] -= 1
-        d /= n
-        grads = {}
-        for i in reversed(range(self.layers)):
-            grads[f"W{i}"] = (acts[i].T @ d).astype(np.float32)
-            grads[f"b{i}"] = d.sum(axis=0).astype(np.float32)
-            if i > 0:
-                d = (d @ self.params[f"W{i}"].T) * (acts[i] > 0)
-        return loss, grads
-
-    def accuracy(self, x, y) -> float:
-        return float((self.logits(x).argmax(axis=1) == y).mean())
-
-    def digest(self) -> str:
-        h = hashlib.sha256()
-        for k in sorted(self.params):
-            h.update(self.params[k].tobytes())
-        return h.hexdigest()
-
-
 # ----------------------------------------------------------------------- training
-def lr_at(step: int, steps_per_epoch: int, args, nranks: int) -> float:
-    """Linear scaling with gradual warm-up (Goyal et al.)."""
-    target = args.lr * (nranks if args.lr_scaling else 1)
-    warm = args.warmup_epochs * steps_per_epoch
-    if warm and step < warm:
-        return args.lr + (target - args.lr) * step / warm
-    return target
-
-
-def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
+def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
+    """One run of the numpy MLP (``--model mlp``)."""
     import hpccomm
     from hpccomm.fusion import GradientBuckets
 
+    from .models import MLP
+
     rank, size = comm.Get_rank(), comm.Get_size()
-    xtr, ytr, xte, yte = data
+    xtr, ytr = data.x_train, data.y_train
     model = MLP([xtr.shape[1], *args.hidden, 10], seed)
     shapes = {k: v.shape for k, v in model.params.items()}
-    ef = {"auto": None, "on": True, "off": False}[args.error_feedback]
-    fp_last = args.fp_last_layer == "on" or (args.fp_last_layer == "auto" and codec == "terngrad")
-    use_dgc = args.dgc_momentum == "on" or (args.dgc_momentum == "auto" and codec == "dgc")
     options = dict(args.options)
-    transport = codec
+    transport, ef = codec, args.ef
     dgc_ratio = None
-    if use_dgc:
+    if args.dgc:
         # DGCMomentum selects (with DGC's sampled threshold, at the warm-up density);
         # the reducer must then deliver exactly the selection: topk keeping every
         # non-zero.  DGC's accumulation is the error feedback.
         ef = False
-        dgc_ratio = float(options.pop("ratio", 0.001))
+        dgc_ratio = args.dgc_ratio
         transport = "topk"
         _, options = resolve_options(None, algorithm, options, strict=False)
         options["ratio"] = 1.0
@@ -163,14 +74,15 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
                                  error_feedback=ef, seed=seed, **options)
     dense_reducer = hpccomm.Allreducer(comm, codec="none", algorithm="mpi", op="mean")
     buckets = GradientBuckets(shapes, reducer, dense_reducer=dense_reducer,
-                              bucket_bytes=args.bucket_bytes, min_compress=args.min_compress,
-                              dense=model.last_layer if fp_last else ())
+                              bucket_bytes=0 if args.layerwise else args.bucket_bytes,
+                              min_compress=args.min_compress,
+                              dense=model.last_layer if args.fp_last else ())
     dense_all = GradientBuckets(shapes, dense_reducer, dense_reducer=dense_reducer,
                                 bucket_bytes=args.bucket_bytes, min_compress=0,
                                 prefix="warmup")
     compressed = [n for b in buckets.buckets if not b.dense for n in b.names]
     dgc = None
-    if use_dgc:
+    if args.dgc:
         from hpccomm.dgc_optimizer import DGCMomentum
 
         dgc = DGCMomentum({k: shapes[k] for k in compressed}, momentum=args.momentum,
@@ -186,6 +98,8 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     diverged_at = None
     from mpi4py import MPI
 
+    comm.Barrier()
+    t_start = time.perf_counter()
     for epoch in range(args.epochs):
         perm = np.random.default_rng([seed, epoch, 777]).permutation(n_train)
         losses = []
@@ -201,7 +115,7 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
                 diverged_at = step
                 break
             losses.append(loss)
-            lr = lr_at(step, steps_per_epoch, args, size)
+            lr = recipes.lr_at(step, steps_per_epoch, args, size)
             if step < args.dense_warmup_steps:
                 dense_all.reduce(grads)
                 for k, g in grads.items():
@@ -233,8 +147,10 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
             break
         local = np.array([np.mean(losses)], dtype=np.float64)
         comm.Allreduce(local.copy(), local)
-        history.append({"epoch": epoch + 1, "train_loss": float(local[0] / size),
-                        "test_acc": model.accuracy(xte, yte)})
+        history.append({"epoch": epoch + 1, "step": step,
+                        "time": time.perf_counter() - t_start,
+                        "train_loss": float(local[0] / size),
+                        "val": model.accuracy(data.x_val, data.y_val)})
     digests = comm.allgather(model.digest())
     stats = np.array([buckets.bytes_sent + dense_all.bytes_sent,
                       buckets.reduce_time + dense_all.reduce_time, t_compute,
@@ -242,14 +158,11 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
     worst = np.empty_like(stats)
     comm.Allreduce(stats, worst, op=MPI.MAX)
     described = reducer.codec.describe()
-    if use_dgc:
+    if args.dgc:
         described = f"dgc(ratio={dgc_ratio},warmup={args.dgc_warmup_epochs})+{described}"
-    return {"codec": described, "codec_name": codec, "algorithm": algorithm,
-            "error_feedback": reducer.memory.enabled, "dgc_momentum": use_dgc,
-            "fp_last_layer": fp_last, "seed": seed, "epochs": history,
-            # a diverged run scores what its (non-finite) weights predict: chance or worse
-            "final_acc": history[-1]["test_acc"] if diverged_at is None else 0.0,
-            "final_loss": history[-1]["train_loss"] if diverged_at is None else float("nan"),
+    return {"codec": described, "error_feedback": reducer.memory.enabled,
+            "history": history,
+            "test": None if diverged_at is not None else model.accuracy(data.x_test, data.y_test),
             "diverged_at_step": diverged_at,
             "bytes_sent_per_rank": int(worst[0]), "t_reduce": float(worst[1]),
             "t_comm": float(worst[3]),
@@ -257,35 +170,99 @@ def train_one(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
             "steps": step, "buckets": buckets.plan()}
 
 
+# ------------------------------------------------------------------ set-up of a run
+def resolve(args, codec: str) -> argparse.Namespace:
+    """The hyper-parameters of one codec's runs: the model's fp32 set, the
+    command line's overrides, and under ``--recipe paper`` the codec's recipe
+    and its validation-chosen learning rate."""
+    setup = recipes.MODELS[args.model]
+    run = argparse.Namespace(**vars(args))
+    for field in ("lr", "lr_scaling", "batch", "epochs", "steps_per_epoch", "warmup_epochs",
+                  "weight_decay", "optimizer"):
+        if getattr(run, field, None) is None:
+            setattr(run, field, getattr(setup, field))
+    if run.bucket_bytes is None:
+        run.bucket_bytes = 0 if args.model == "mlp" else 25 << 20
+    ef_flag = {"auto": None, "on": True, "off": False}[args.error_feedback]
+    options = dict(args.options)
+    if args.recipe == "paper":
+        r = recipes.recipe(codec)
+        run.ef = r.error_feedback if ef_flag is None else ef_flag
+        run.fp_last, run.dgc, run.layerwise = r.fp_last_layer, r.dgc_momentum, r.layerwise
+        options = {**r.options, **options}     # the command line's options win
+        if args.lr is None:
+            run.lr = recipes.chosen_lr(recipes.table_model(args.model, args.dataset), codec,
+                                      args.error_feedback, args.lr_table)
+    else:
+        run.ef = ef_flag
+        run.fp_last = args.fp_last_layer == "on" or (args.fp_last_layer == "auto"
+                                                     and codec == "terngrad")
+        run.dgc = args.dgc_momentum == "on" or (args.dgc_momentum == "auto" and codec == "dgc")
+        run.layerwise = False
+    if run.dgc:
+        run.dgc_ratio = float(options.pop("ratio", 0.001))
+    run.options = options
+    return run
+
+
+def algorithm_for(codec: str, args) -> str:
+    # none goes through MPI_Allreduce; powersgd through its own algorithm
+    return "mpi" if codec == "none" else (own_algorithm(codec) or args.algorithm)
+
+
 def build_parser():
     p = argparse.ArgumentParser(prog="python -m hpccomm.bench train",
-                                description="Data-parallel MLP training with compressed gradients "
+                                description="Data-parallel training with compressed gradients "
                                             "(run under mpiexec).")
-    p.add_argument("--dataset", choices=("digits", "mnist1d"), default="digits")
-    p.add_argument("--samples", type=int, default=5000, help="mnist1d: samples to generate")
+    p.add_argument("--model", choices=sorted(recipes.MODELS), default="mlp",
+                   help="mlp (numpy; --dataset), cnn (MNIST-1D), charlm (stdlib text)")
+    p.add_argument("--dataset", choices=("digits", "mnist1d"), default="digits",
+                   help="--model mlp only")
+    p.add_argument("--samples", type=int, default=None,
+                   help="mnist1d: samples to generate (default: the model's)")
     p.add_argument("--codec", default="none", help="comma-separated codecs (one run each)")
+    p.add_argument("--recipe", choices=("same", "paper"), default="same",
+                   help="same: fp32's hyper-parameters for every codec; paper: the codec's "
+                        "recipe and its validation-chosen learning rate")
+    p.add_argument("--lr-table", default=None, metavar="FILE",
+                   help="chosen learning rates (default: the one lrgrid wrote into the package)")
     p.add_argument("--algorithm", default="twoshot",
                    help="algorithm for the compressed codecs (default twoshot; none uses mpi)")
+    p.add_argument("--runner", choices=("hpccomm", "ddp"), default="hpccomm",
+                   help="torch models: average through hpccomm, or PyTorch DDP over gloo")
+    p.add_argument("--ddp-hook", choices=("none", "fp16", "powersgd"), default="none",
+                   help="--runner ddp: DDP's own communication hook")
+    p.add_argument("--ddp-rank", type=int, default=2, help="rank of DDP's PowerSGD hook")
+    p.add_argument("--overlap", action=argparse.BooleanOptionalAction, default=True,
+                   help="torch models: reduce buckets while backward runs")
     p.add_argument("--error-feedback", choices=("auto", "on", "off"), default="auto")
     p.add_argument("--seeds", default="0", help="comma-separated seeds")
-    p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--batch", type=int, default=16, help="samples per rank per step")
-    p.add_argument("--hidden", default="128,64", help="hidden layer widths")
-    p.add_argument("--lr", type=float, default=0.02, help="learning rate for one rank")
+    p.add_argument("--epochs", type=int, default=None,
+                   help="epochs (charlm: evaluation rounds of --steps-per-epoch steps)")
+    p.add_argument("--steps-per-epoch", type=int, default=None, help="charlm only")
+    p.add_argument("--batch", type=int, default=None,
+                   help="samples (charlm: sequences of 64) per rank per step")
+    p.add_argument("--hidden", default="128,64", help="--model mlp: hidden layer widths")
+    p.add_argument("--lr", type=float, default=None,
+                   help="learning rate (for one rank when scaled; default: the model's fp32 "
+                        "rate, or under --recipe paper the validation-chosen one)")
     p.add_argument("--momentum", type=float, default=0.9)
-    p.add_argument("--lr-scaling", action=argparse.BooleanOptionalAction, default=True,
+    p.add_argument("--weight-decay", type=float, default=None)
+    p.add_argument("--lr-scaling", action=argparse.BooleanOptionalAction, default=None,
                    help="scale the learning rate linearly with the ranks (Goyal et al.)")
-    p.add_argument("--warmup-epochs", type=float, default=2.0, help="gradual lr warm-up")
+    p.add_argument("--warmup-epochs", type=float, default=None, help="gradual lr warm-up")
     p.add_argument("--dense-warmup-steps", type=int, default=0,
-                   help="steps reduced dense before compression starts")
+                   help="--model mlp: steps reduced dense before compression starts")
     p.add_argument("--fp-last-layer", choices=("auto", "on", "off"), default="auto",
-                   help="reduce the last layer dense (auto: on for terngrad)")
+                   help="--recipe same: reduce the last layer dense (auto: on for terngrad)")
     p.add_argument("--dgc-momentum", choices=("auto", "on", "off"), default="auto",
-                   help="DGC momentum correction + masking + sparsity warm-up (auto: on for dgc)")
+                   help="--recipe same: DGC momentum correction + masking + sparsity warm-up "
+                        "(auto: on for dgc)")
     p.add_argument("--dgc-warmup-epochs", type=int, default=4,
                    help="DGC's exponential sparsity warm-up, in epochs (0: none)")
-    p.add_argument("--bucket-bytes", type=int, default=0,
-                   help="fusion bucket size; 0 reduces each tensor with its own shape")
+    p.add_argument("--bucket-bytes", type=int, default=None,
+                   help="fusion bucket size (default: 0 for mlp -- each tensor its own -- "
+                        "and 25 MiB for the torch models)")
     p.add_argument("--min-compress", type=int, default=256,
                    help="tensors with fewer elements (and 1-D ones) are reduced dense")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
@@ -294,6 +271,32 @@ def build_parser():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("-J", "--json", default=None, metavar="FILE")
     return p
+
+
+def summary(runs, metric: str) -> list:
+    """Lines: the test metric per codec, mean +- std over seeds, against fp32."""
+    lines, base = [], None
+    for label in dict.fromkeys(r["label"] for r in runs):
+        mine = [r for r in runs if r["label"] == label]
+        bad = sum(r["diverged_at_step"] is not None for r in mine)
+        if metric == "accuracy":
+            # a diverged run scores what its (non-finite) weights predict: chance or worse
+            vals = np.array([0.0 if r["test"] is None else r["test"] for r in mine])
+            if label == "none":
+                base = vals.mean()
+            delta = (f"  ({100 * (vals.mean() - base):+.2f} pp vs fp32)"
+                     if base is not None else "")
+            text = f"{100 * vals.mean():6.2f} +- {100 * vals.std():5.2f} %"
+        else:
+            vals = np.array([np.inf if r["test"] is None else r["test"] for r in mine])
+            if label == "none":
+                base = vals.mean()
+            delta = (f"  ({100 * (vals.mean() / base - 1):+.2f} % vs fp32)"
+                     if base is not None else "")
+            text = f"{vals.mean():6.4f} +- {vals.std():6.4f} bits/char"
+        note = f"  [{bad} of {len(mine)} diverged]" if bad else ""
+        lines.append(f"#   {label:>16}: {text}{delta}{note}")
+    return lines
 
 
 def main(argv=None) -> int:
@@ -315,47 +318,74 @@ def main(argv=None) -> int:
     for c in codecs:
         if split_rotate(c)[0] not in hpccomm.available_codecs():   # "qsgd+rotate" too
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
+    if args.runner == "ddp" and args.model == "mlp":
+        raise SystemExit("--runner ddp needs a torch model (--model cnn or charlm)")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
-    data = load_dataset(args.dataset, args.samples)
+    setup = recipes.MODELS[args.model]
+    if args.model == "mlp":
+        from .datasets import load_dataset
+
+        data = load_dataset(args.dataset, args.samples or setup.samples)
+        what = (f"{args.dataset} ({len(data.x_train)} train / {len(data.x_val)} validation / "
+                f"{len(data.x_test)} test), MLP {[data.x_train.shape[1], *args.hidden, 10]}")
+        args.dataset_name = args.dataset
+    else:
+        from .torch_train import Data
+
+        if args.samples:
+            setup = setup._replace(samples=args.samples)
+        data = Data(args.model, setup)
+        what = f"{args.model} on {setup.dataset}"
+        args.dataset_name = setup.dataset
+    if args.runner == "ddp":
+        codecs = ["none"]
     if rank == 0:
-        print(f"# hpccomm train: {args.dataset} ({len(data[0])} train / {len(data[2])} test), "
-              f"MLP {[data[0].shape[1], *args.hidden, 10]}, {size} ranks x batch {args.batch}, "
-              f"{args.epochs} epochs, lr {args.lr} (scaling {args.lr_scaling}, warm-up "
-              f"{args.warmup_epochs} epochs), momentum {args.momentum}", flush=True)
-        print(f"#{'codec':>34} {'alg':>9} {'EF':>5} {'seed':>4} {'final acc':>9} {'loss':>7} "
-              f"{'MB sent':>8} {'reduce s':>8} {'compute s':>9} {'identical':>9}", flush=True)
+        print(f"# hpccomm train: {what}, {size} ranks, recipe {args.recipe}, runner "
+              f"{args.runner}{' (' + args.ddp_hook + ' hook)' if args.runner == 'ddp' else ''}",
+              flush=True)
+        print(f"#{'codec':>34} {'alg':>9} {'EF':>5} {'seed':>4} {'lr':>8} {'val':>7} "
+              f"{'test':>7} {'MB sent':>8} {'train s':>8} {'identical':>9}", flush=True)
     runs = []
     for codec in codecs:
-        # none goes through MPI_Allreduce; powersgd through its own algorithm
-        algorithm = "mpi" if codec == "none" else (own_algorithm(codec) or args.algorithm)
+        algorithm = algorithm_for(codec, args)
         args.options = case_options(codec, algorithm, all_options)
+        run_args = resolve(args, codec)
+        label = (f"ddp-{args.ddp_hook}" if args.runner == "ddp"
+                 else codec if args.error_feedback == "auto"
+                 else f"{codec}:ef={args.error_feedback}")
         for seed in seeds:
-            r = train_one(comm, data, codec, algorithm, seed, args)
+            if args.model == "mlp":
+                r = train_numpy(comm, data, codec, algorithm, seed, run_args)
+            else:
+                from .torch_train import train_torch
+
+                r = train_torch(comm, data, codec, algorithm, seed, run_args)
+            r.update({"label": label, "codec_name": codec, "algorithm": algorithm, "seed": seed,
+                      "lr": run_args.lr, "recipe": args.recipe, "ef": run_args.ef,
+                      "fp_last_layer": run_args.fp_last, "dgc_momentum": run_args.dgc,
+                      "layerwise": run_args.layerwise, "options": run_args.options,
+                      "runner": args.runner, "overlap": run_args.overlap})
             runs.append(r)
             if rank == 0:
-                print(f"{r['codec']:>35} {algorithm:>9} {str(r['error_feedback']):>5} {seed:>4} "
-                      f"{r['final_acc']:>9.4f} {r['final_loss']:>7.4f} "
-                      f"{r['bytes_sent_per_rank'] / 1e6:>8.2f} {r['t_reduce']:>8.2f} "
-                      f"{r['t_compute']:>9.2f} {str(r['weights_identical']):>9}"
+                last = r["history"][-1]["val"] if r["history"] else float("nan")
+                test = float("nan") if r["test"] is None else r["test"]
+                t = r["history"][-1]["time"] if r["history"] else 0.0
+                print(f"{r['codec'][:35]:>35} {algorithm:>9} {str(r['error_feedback']):>5} "
+                      f"{seed:>4} {run_args.lr:>8.4g} {last:>7.4f} {test:>7.4f} "
+                      f"{r.get('bytes_sent_per_rank', 0) / 1e6:>8.2f} {t:>8.2f} "
+                      f"{str(r['weights_identical']):>9}"
                       + (f"  diverged at step {r['diverged_at_step']}"
                          if r["diverged_at_step"] is not None else ""), flush=True)
     if rank == 0:
-        print("# summary: final test accuracy, mean +- std over seeds")
-        base = None
-        for codec in codecs:
-            accs = np.array([r["final_acc"] for r in runs if r["codec_name"] == codec])
-            if codec == "none":
-                base = accs.mean()
-            delta = f"  ({100 * (accs.mean() - base):+.2f} pp vs fp32)" if base is not None else ""
-            bad = sum(r["diverged_at_step"] is not None for r in runs if r["codec_name"] == codec)
-            note = f"  [{bad} of {accs.size} diverged, counted as 0 %]" if bad else ""
-            print(f"#   {codec:>10}: {100 * accs.mean():6.2f} +- {100 * accs.std():5.2f} %"
-                  f"{delta}{note}")
+        print(f"# summary: final test {'accuracy' if setup.metric == 'accuracy' else 'loss'}, "
+              "mean +- std over seeds")
+        print("\n".join(summary(runs, setup.metric)))
         if args.json:
-            meta = {"dataset": args.dataset, "ranks": size, "epochs": args.epochs,
-                    "batch": args.batch, "lr": args.lr, "hidden": args.hidden,
-                    "momentum": args.momentum, "lr_scaling": args.lr_scaling,
-                    "warmup_epochs": args.warmup_epochs, "tool": f"hpccomm {hpccomm.__version__}"}
+            meta = {"model": args.model, "dataset": args.dataset_name, "ranks": size,
+                    "metric": setup.metric, "recipe": args.recipe, "runner": args.runner,
+                    "ddp_hook": args.ddp_hook, "netem": os.environ.get("HPCCOMM_NETEM"),
+                    "argv": sys.argv[1:] if argv is None else argv,
+                    "tool": f"hpccomm {hpccomm.__version__}"}
             with open(args.json, "w", encoding="utf-8") as f:
                 json.dump({"meta": meta, "runs": runs}, f, indent=1)
     ok = all(r["weights_identical"] for r in runs)

@@ -1,0 +1,22 @@
+#!/bin/bash
+# The accuracy study of docs/results.md ("Accuracy and time to accuracy"):
+# learning-rate grids on validation (seed 100), then protocols (b) and (a)
+# with seeds 0,1,2; P = 4 on one host.  Run from the repository root.
+set -e
+OUT=${OUT:-docs/data/i18}
+N=${N:-4}
+run() { timeout 3000 mpiexec -n $N python -m mpi4py -m hpccomm.bench "$@"; }
+CODECS=none,onebit,terngrad,qsgd,threshold,topk,randk,dgc,powersgd
+for m in "mlp" "cnn" "charlm"; do
+  extra=""; codecs=$CODECS
+  [ $m = mlp ] && codecs=$CODECS,fp16
+  run lrgrid --model $m --codec $codecs --seeds 100 > $OUT/grid-$m.txt
+  run lrgrid --model $m --codec onebit --error-feedback off --seeds 100 > $OUT/grid-$m-noef.txt
+done
+for m in "mlp" "cnn" "charlm"; do
+  codecs=$CODECS; [ $m = mlp ] && codecs=$CODECS,fp16
+  for recipe in paper same; do
+    run train --model $m --codec $codecs --recipe $recipe --seeds 0,1,2 -J $OUT/$m-$recipe.json > $OUT/$m-$recipe.txt
+    run train --model $m --codec onebit --error-feedback off --recipe $recipe --seeds 0,1,2 -J $OUT/$m-$recipe-noef.json > $OUT/$m-$recipe-noef.txt
+  done
+done

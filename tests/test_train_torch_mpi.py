@@ -1,0 +1,71 @@
+"""The torch training harness on real MPI: tiny runs of the CNN and the
+character-level model through hpccomm and through PyTorch DDP."""
+import functools
+
+import pytest
+
+from .helpers import COMM, SIZE
+
+pytestmark = pytest.mark.mpi
+torch = pytest.importorskip("torch")
+pytest.importorskip("mnist1d")
+
+
+@functools.lru_cache(maxsize=None)
+def _data(model):
+    from hpccomm.bench import recipes
+    from hpccomm.bench.torch_train import Data
+
+    data = Data(model, recipes.MODELS[model]._replace(samples=300), val_windows=8,
+                test_windows=8)
+    if model == "cnn":      # a few steps are enough
+        data.x, data.y = data.x[:24 * SIZE], data.y[:24 * SIZE]
+    return data
+
+
+def _run(model, codec, *argv):
+    from hpccomm.bench.torch_train import train_torch
+    from hpccomm.bench.train import algorithm_for, build_parser, resolve
+
+    args = build_parser().parse_args(["--model", model, "--epochs", "2", "--batch", "4",
+                                      "--steps-per-epoch", "3", *argv])
+    args.hidden, args.options = [], {}
+    data = _data(model)
+    return train_torch(COMM, data, codec, algorithm_for(codec, args), 3, resolve(args, codec))
+
+
+def test_cnn_overlap_is_bit_identical_and_the_ranks_agree():
+    on = _run("cnn", "onebit", "--recipe", "same")
+    off = _run("cnn", "onebit", "--recipe", "same", "--no-overlap")
+    assert on["weights_identical"] and off["weights_identical"]
+    assert on["digest"] == off["digest"]
+    assert len(on["history"]) == 2 and on["history"][1]["time"] >= on["history"][0]["time"]
+    assert 0.0 <= on["test"] <= 1.0 and (SIZE == 1 or on["bytes_sent_per_rank"] > 0)
+
+
+@pytest.mark.slow
+def test_cnn_dgc_recipe_and_compression_changes_the_result():
+    dgc = _run("cnn", "dgc", "--recipe", "same")
+    fp32 = _run("cnn", "none", "--recipe", "same")
+    assert dgc["weights_identical"] and fp32["weights_identical"]
+    if SIZE > 1:     # a run that ignored the codec would land on fp32's weights
+        assert dgc["digest"] != fp32["digest"]
+        assert dgc["bytes_sent_per_rank"] < fp32["bytes_sent_per_rank"]
+
+
+@pytest.mark.slow
+def test_charlm_reports_bits_per_character():
+    r = _run("charlm", "powersgd", "--recipe", "same")
+    assert r["weights_identical"] and r["steps"] == 6
+    # an untrained model over 128 symbols: about 7 bits per character
+    assert 4.0 < r["history"][0]["val"] < 8.0 and 4.0 < r["test"] < 8.0
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(SIZE < 2, reason="DDP needs two ranks")
+@pytest.mark.parametrize("hook", ["fp16", "powersgd"])
+def test_ddp_runner_with_its_hooks(hook):
+    r = _run("cnn", "none", "--runner", "ddp", "--ddp-hook", hook)
+    assert r["weights_identical"] and r["codec"] == f"ddp-{hook}"
+    fp32 = _run("cnn", "none")
+    assert r["digest"] != fp32["digest"]        # the hook compressed
