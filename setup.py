@@ -32,6 +32,8 @@ setup(
     license="BSD-3-Clause",
     python_requires=">=3.9",
     packages=find_packages(include=["hpccomm", "hpccomm.*"]),
+    # the learning rates lrgrid chose on validation, read by train --recipe paper
+    package_data={"hpccomm.bench": ["lr_chosen.json"]},
     install_requires=["numpy>=1.23", "mpi4py>=3.1", "numba>=0.57", "threadpoolctl>=3.1"],
     extras_require={
         # MPI implementations from PyPI.  Install exactly one of them, or neither

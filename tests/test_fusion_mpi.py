@@ -115,3 +115,27 @@ def test_short_training_run_learns_and_stays_identical(codec):
     assert r["weights_identical"]
     assert last["train_loss"] < first["train_loss"]
     assert last["val"] > 0.5 and r["test"] > 0.5
+
+
+def test_gradient_probe_sees_what_the_codec_does():
+    """The probe's exact mean against the reduced gradient: ~0 for fp32, a
+    large per-step error for onebit that error feedback keeps from adding up."""
+    pytest.importorskip("sklearn")
+    from hpccomm.bench.datasets import load_dataset
+    from hpccomm.bench.train import build_parser, resolve, train_numpy
+
+    data = load_dataset("digits")
+    probes = {}
+    for codec, ef in (("none", "auto"), ("onebit", "on"), ("onebit", "off")):
+        args = build_parser().parse_args(["--epochs", "1", "--probe-every", "1",
+                                          "--error-feedback", ef])
+        args.hidden, args.options = [32], {}
+        algorithm = "mpi" if codec == "none" else "twoshot"
+        r = train_numpy(COMM, data, codec, algorithm, seed=1, args=resolve(args, codec))
+        probes[codec, ef] = r["probe"]
+    assert probes["none", "auto"]["probed_steps"] > 10
+    assert probes["none", "auto"]["step_rel_err"] < 1e-5
+    if SIZE > 1:
+        assert probes["onebit", "on"]["step_rel_err"] > 0.1
+        assert (probes["onebit", "on"]["cumulative_rel_err"]
+                < probes["onebit", "off"]["cumulative_rel_err"])

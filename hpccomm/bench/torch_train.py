@@ -31,6 +31,7 @@ import numpy as np
 
 from .datasets import eval_windows, load_dataset, stdlib_corpus, windows
 from .models import char_transformer, cnn1d, torch_digest
+from .probe import GradientProbe
 from .recipes import lr_at
 
 LN2 = math.log(2.0)
@@ -165,7 +166,7 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
                               bucket_bytes=0 if args.layerwise else args.bucket_bytes,
                               min_compress=args.min_compress,
                               dense=net.last_layer if args.fp_last else (),
-                              overlap=args.overlap and not args.dgc,
+                              overlap=args.overlap and not args.dgc and not args.probe_every,
                               error_feedback=ef, seed=seed, **options)
         compressed = [n for b in reducer.buckets if not b.dense for n in b.names]
         if args.dgc:
@@ -193,6 +194,7 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
     per_step = args.batch * size
     steps_per_epoch = data.steps_per_epoch(per_step, args)
 
+    probe = GradientProbe(comm, args.probe_every if reducer is not None and dgc is None else 0)
     history: List[Dict] = []
     step, diverged_at, elapsed = 0, None, 0.0
     t_backward = 0.0
@@ -226,7 +228,12 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
                     reducer()
                     dgc.sent(selected)
                 elif reducer is not None:
+                    probing = probe.active(step)
+                    if probing:
+                        probe.before([params[n].grad.numpy() for n in names])
                     reducer()
+                    if probing:
+                        probe.after([params[n].grad.numpy() for n in names])
             except NonFiniteError:         # raised on every rank alike
                 diverged_at = step
                 break
@@ -252,6 +259,8 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
     result = {"history": history, "test": test, "diverged_at_step": diverged_at,
               "steps": step, "weights_identical": len(set(digests)) == 1, "digest": digests[0],
               "t_train": elapsed, "t_backward_reduce": comm.allreduce(t_backward, op=MPI.MAX)}
+    if probe.every:
+        result["probe"] = probe.summary()
     if reducer is not None:
         result["bytes_sent_per_rank"] = comm.allreduce(reducer.bytes_sent, op=MPI.MAX)
         result["buckets"] = reducer.plan()

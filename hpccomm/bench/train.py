@@ -44,6 +44,7 @@ from ..codecs.base import own_algorithm, split_rotate
 from ..options import resolve_options
 from . import recipes
 from .harness import case_options, parse_options
+from .probe import GradientProbe
 
 
 # ----------------------------------------------------------------------- training
@@ -92,6 +93,7 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
     n_train = len(xtr)
     per_step = args.batch * size
     steps_per_epoch = max(1, n_train // per_step)
+    probe = GradientProbe(comm, 0 if args.dgc else args.probe_every)
     history = []
     step = 0
     t_compute = 0.0
@@ -137,7 +139,12 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
                         velocity[k] += g
                         model.params[k] -= lr * velocity[k]
             else:
+                probing = probe.active(step)
+                if probing:
+                    probe.before([grads[k] for k in sorted(grads)])
                 buckets.reduce(grads)
+                if probing:
+                    probe.after([grads[k] for k in sorted(grads)])
                 for k, g in grads.items():
                     velocity[k] *= args.momentum
                     velocity[k] += g
@@ -161,6 +168,7 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
     if args.dgc:
         described = f"dgc(ratio={dgc_ratio},warmup={args.dgc_warmup_epochs})+{described}"
     return {"codec": described, "error_feedback": reducer.memory.enabled,
+            **({"probe": probe.summary()} if probe.every else {}),
             "history": history,
             "test": None if diverged_at is not None else model.accuracy(data.x_test, data.y_test),
             "diverged_at_step": diverged_at,
@@ -268,6 +276,9 @@ def build_parser():
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="codec/algorithm option: KEY=VALUE applies to every codec that takes "
                         "it, CODEC.KEY=VALUE to that codec only (e.g. dgc.ratio=0.001)")
+    p.add_argument("--probe-every", type=int, default=0, metavar="K",
+                   help="every K-th step, measure the reduced gradient's error against the "
+                        "exact mean (hpccomm.bench.probe); 0: never")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("-J", "--json", default=None, metavar="FILE")
     return p
@@ -365,6 +376,10 @@ def main(argv=None) -> int:
                       "fp_last_layer": run_args.fp_last, "dgc_momentum": run_args.dgc,
                       "layerwise": run_args.layerwise, "options": run_args.options,
                       "runner": args.runner, "overlap": run_args.overlap})
+            if rank == 0 and "probe" in r and r["probe"]["probed_steps"]:
+                print(f"#   probe: step error {r['probe']['step_rel_err']:.3f}, cumulative "
+                      f"{r['probe']['cumulative_rel_err']:.3f} over "
+                      f"{r['probe']['probed_steps']} steps", flush=True)
             runs.append(r)
             if rank == 0:
                 last = r["history"][-1]["val"] if r["history"] else float("nan")
