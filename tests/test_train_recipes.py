@@ -43,6 +43,9 @@ def test_paper_recipe_applies_the_codecs_prescription(tmp_path):
     control = resolve(args, "onebit")
     assert control.ef is False and control.lr == 0.1
     args.error_feedback = "auto"
+    args.batch = recipes.MODELS["cnn"].batch // 4       # linear scaling with the batch
+    assert resolve(args, "terngrad").lr == pytest.approx(0.0063 / 4)
+    args.batch = None
     with pytest.raises(SystemExit, match="lrgrid"):
         resolve(args, "topk")                       # not in the table: says how to get it
     with pytest.raises(SystemExit, match="no paper recipe"):

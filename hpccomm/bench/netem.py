@@ -194,10 +194,10 @@ def launch_env(mode: str, mpi: str, rate: str = "") -> dict:
             env["MPIR_CVAR_NOLOCAL"] = "1"
         else:
             env["FI_TCP_IFACE"] = "veth0"
-    if mode == "per-host":
-        env["GLOO_SOCKET_IFNAME"] = "veth0"     # train --runner ddp: gloo on the emulated NIC
     else:
         env.update(OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
+    if mode == "per-host":
+        env["GLOO_SOCKET_IFNAME"] = "veth0"     # train --runner ddp: gloo on the emulated NIC
     return env
 
 

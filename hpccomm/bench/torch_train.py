@@ -139,7 +139,8 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
         # mismatch").  One bucket holding the whole model avoids it.
         model_mb = sum(p.numel() for p in net.parameters()) * 4 / 2 ** 20
         ddp = DistributedDataParallel(
-            net, bucket_cap_mb=model_mb + 1 if args.ddp_hook == "powersgd" else 25)
+            net, bucket_cap_mb=model_mb + 1 if args.ddp_hook == "powersgd" else 25,
+            broadcast_buffers=False)     # the models' only buffer is a constant mask
         if args.ddp_hook == "fp16":
             from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 

@@ -201,6 +201,8 @@ def resolve(args, codec: str) -> argparse.Namespace:
         if args.lr is None:
             run.lr = recipes.chosen_lr(recipes.table_model(args.model, args.dataset), codec,
                                       args.error_feedback, args.lr_table)
+            # chosen for the model's batch; another batch scales it linearly (Goyal et al.)
+            run.lr *= run.batch / setup.batch
     else:
         run.ef = ef_flag
         run.fp_last = args.fp_last_layer == "on" or (args.fp_last_layer == "auto"
@@ -249,7 +251,8 @@ def build_parser():
                    help="epochs (charlm: evaluation rounds of --steps-per-epoch steps)")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="charlm only")
     p.add_argument("--batch", type=int, default=None,
-                   help="samples (charlm: sequences of 64) per rank per step")
+                   help="samples (charlm: sequences of 64) per rank per step; under --recipe "
+                        "paper the chosen learning rate scales with it linearly")
     p.add_argument("--hidden", default="128,64", help="--model mlp: hidden layer widths")
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (for one rank when scaled; default: the model's fp32 "
