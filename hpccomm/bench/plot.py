@@ -35,6 +35,15 @@ def _title(meta) -> str:
             f"threads/rank {meta.get('threads', '?')}")
 
 
+def _save(fig, ax, path: str, plt) -> str:
+    """The legend outside the axes, then the PNG; returns its path."""
+    ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_allreduce(data: dict, stem: str, plt) -> list:
     series = defaultdict(list)
     for row in data["rows"]:
@@ -60,12 +69,7 @@ def plot_allreduce(data: dict, stem: str, plt) -> list:
         ax.set_ylabel(ylabel)
         ax.set_title(f"allreduce {kind}: {_title(data.get('meta', {}))}", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.tight_layout()
-        path = f"{stem}-{kind}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, ax, f"{stem}-{kind}.png", plt))
     return paths
 
 
@@ -124,12 +128,7 @@ def plot_train(data: dict, stem: str, plt) -> list:
         ax.set_title(f"{meta.get('model', '')} on {meta.get('dataset', '')}: {where}, "
                      f"recipe {meta.get('recipe', '')}", fontsize=10)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
-        fig.tight_layout()
-        path = f"{stem}-{kind}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(_save(fig, ax, f"{stem}-{kind}.png", plt))
     return paths
 
 
