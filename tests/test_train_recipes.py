@@ -97,3 +97,4 @@ def test_time_to_accuracy_table():
     assert "0.9500" in out.splitlines()[0]                 # fp32's final validation value
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert "6.00×" in rows["onebit"] and "not reached" in rows["slow"]
+    assert "0.9000" in table(runs, loss=False, tolerance=0.05).splitlines()[0]
