@@ -11,7 +11,14 @@ import sys
 import numpy as np
 
 MODELS = [("mlp", "digits MLP, test accuracy (%)"), ("cnn", "MNIST-1D CNN, test accuracy (%)"),
-          ("charlm", "char transformer, test loss (bits/char)")]
+          ("charlm", "char transformer, final validation loss (bits/char; the target's metric)")]
+
+
+def metric(r, loss):
+    """Test accuracy, or the final validation loss (the language target's metric)."""
+    if loss:
+        return math.inf if r["diverged_at_step"] is not None else r["history"][-1]["val"]
+    return 0.0 if r["test"] is None else r["test"]
 
 
 def load(path):
@@ -26,11 +33,11 @@ def cell(runs, label, base, loss):
     if not mine:
         return "–"
     if loss:
-        v = np.array([math.inf if r["test"] is None else r["test"] for r in mine])
+        v = np.array([metric(r, True) for r in mine])
         d = f" ({100 * (v.mean() / base - 1):+.1f} %)" if base and label != "none" else ""
         return f"{v.mean():.3f} ± {v.std():.3f}{d}" if np.isfinite(v).all() else \
             f"{int((~np.isfinite(v)).sum())}/{len(v)} diverged"
-    v = 100 * np.array([0.0 if r["test"] is None else r["test"] for r in mine])
+    v = 100 * np.array([metric(r, False) for r in mine])
     d = f" ({v.mean() - base:+.2f})" if base is not None and label != "none" else ""
     bad = sum(r["diverged_at_step"] is not None for r in mine)
     return f"{v.mean():.2f} ± {v.std():.2f}{d}" + (f" [{bad} div.]" if bad else "")
@@ -47,10 +54,8 @@ def main(folder):
             runs = load(os.path.join(folder, f"{model}-{recipe}.json")) + \
                 load(os.path.join(folder, f"{model}-{recipe}-noef.json"))
             fp32 = [r for r in runs if r["label"] == "none"]
-            if loss:
-                base = np.mean([r["test"] for r in fp32]) if fp32 else None
-            else:
-                base = 100 * np.mean([r["test"] for r in fp32]) if fp32 else None
+            base = (np.mean([metric(r, loss) for r in fp32]) * (1 if loss else 100)
+                    if fp32 else None)
             cols.append((runs, base))
         labels = list(dict.fromkeys(r["label"] for runs, _ in cols for r in runs))
         for label in labels:
