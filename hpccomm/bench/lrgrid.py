@@ -23,7 +23,7 @@ import sys
 import numpy as np
 
 from . import recipes
-from .train import algorithm_for, build_parser as train_parser, resolve
+from .train import algorithm_for, build_parser as train_parser, load_data, resolve, train_run
 
 
 def score(run, metric: str) -> float:
@@ -61,15 +61,7 @@ def main(argv=None) -> int:
     codecs = [c.strip() for c in args.codec.split(",") if c.strip()]
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     setup = recipes.MODELS[args.model]
-    if args.model == "mlp":
-        from .datasets import load_dataset
-
-        data = load_dataset(args.dataset, args.samples or setup.samples)
-        from .train import train_numpy as runner
-    else:
-        from .torch_train import Data, train_torch as runner
-
-        data = Data(args.model, setup if not args.samples else setup._replace(samples=args.samples))
+    data, _ = load_data(args)
     key_model = recipes.table_model(args.model, args.dataset)
     chosen = {}
     for codec in codecs:
@@ -79,7 +71,7 @@ def main(argv=None) -> int:
         for lr in recipes.grid(args.model):
             args.lr = lr
             run_args = resolve(args, codec)
-            s = [score(runner(comm, data, codec, algorithm, seed, run_args), setup.metric)
+            s = [score(train_run(comm, data, codec, algorithm, seed, run_args), setup.metric)
                  for seed in seeds]
             scores[lr] = float(np.mean(s))
             if rank == 0:

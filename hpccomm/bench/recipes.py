@@ -132,6 +132,18 @@ def chosen_lr(model: str, codec: str, error_feedback: str = "auto",
             f"--model {model.split('-')[0]} --codec {codec}") from None
 
 
+def dgc_transport(algorithm: str, options: dict):
+    """``(codec, options)`` that carry DGC's recipe: ``DGCMomentum`` selects
+    (with DGC's sampled threshold, at the warm-up density), and the reducer
+    must deliver exactly that selection -- ``topk`` keeping every non-zero,
+    without error feedback (DGC's accumulation is its memory).  The
+    algorithm's options pass through; the codec's are DGC's, not topk's."""
+    from ..options import resolve_options
+
+    _, kept = resolve_options(None, algorithm, options, strict=False)
+    return "topk", {**kept, "ratio": 1.0}
+
+
 def lr_at(step: int, steps_per_epoch: int, args, nranks: int) -> float:
     """Linear scaling with gradual warm-up (Goyal et al.)."""
     target = args.lr * (nranks if args.lr_scaling else 1)

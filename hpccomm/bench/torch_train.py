@@ -32,7 +32,7 @@ import numpy as np
 from .datasets import eval_windows, load_dataset, stdlib_corpus, windows
 from .models import char_transformer, cnn1d, torch_digest
 from .probe import GradientProbe
-from .recipes import lr_at
+from .recipes import dgc_transport, lr_at
 
 LN2 = math.log(2.0)
 CONTEXT = 64
@@ -126,10 +126,10 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
     torch.set_num_threads(1)
     rank, size = comm.Get_rank(), comm.Get_size()
     net = char_transformer(seed) if data.lm else cnn1d(seed)
-    names = [n for n, _ in net.named_parameters()]
+    params = dict(net.named_parameters())
+    names = list(params)
     reducer, dgc, compressed, ddp = None, None, [], None
     if args.runner == "ddp":
-        import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
         init_gloo(comm)
@@ -157,12 +157,9 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
     else:
         from hpccomm.torch_grads import GradReducer
 
-        options = dict(args.options)
-        transport, ef = codec, args.ef
+        transport, ef, options = codec, args.ef, dict(args.options)
         if args.dgc:
-            # DGCMomentum selects; the reducer delivers exactly the selection
-            ef, transport = False, "topk"
-            options = {"ratio": 1.0}
+            (transport, options), ef = dgc_transport(algorithm, options), False
         reducer = GradReducer(net, comm, codec=transport, algorithm=algorithm, op="mean",
                               bucket_bytes=0 if args.layerwise else args.bucket_bytes,
                               min_compress=args.min_compress,
@@ -173,7 +170,6 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
         if args.dgc:
             from hpccomm.dgc_optimizer import DGCMomentum
 
-            params = dict(net.named_parameters())
             # with Adam (charlm) DGC keeps its accumulation, masking and warm-up;
             # its momentum correction is SGD's
             dgc = DGCMomentum({n: tuple(params[n].shape) for n in compressed},
@@ -181,7 +177,6 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
                               ratio=args.dgc_ratio, warmup_epochs=args.dgc_warmup_epochs,
                               nranks=size, seed=seed, rank=rank)
         forward = net
-    params = dict(net.named_parameters())
     if args.optimizer == "sgd":
         # DGC's selected tensors carry its momentum already
         groups = [{"params": [params[n] for n in names if n not in compressed or dgc is None],

@@ -41,7 +41,6 @@ import time
 import numpy as np
 
 from ..codecs.base import own_algorithm, split_rotate
-from ..options import resolve_options
 from . import recipes
 from .harness import case_options, parse_options
 from .probe import GradientProbe
@@ -59,18 +58,9 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
     xtr, ytr = data.x_train, data.y_train
     model = MLP([xtr.shape[1], *args.hidden, 10], seed)
     shapes = {k: v.shape for k, v in model.params.items()}
-    options = dict(args.options)
-    transport, ef = codec, args.ef
-    dgc_ratio = None
+    transport, ef, options = codec, args.ef, dict(args.options)
     if args.dgc:
-        # DGCMomentum selects (with DGC's sampled threshold, at the warm-up density);
-        # the reducer must then deliver exactly the selection: topk keeping every
-        # non-zero.  DGC's accumulation is the error feedback.
-        ef = False
-        dgc_ratio = args.dgc_ratio
-        transport = "topk"
-        _, options = resolve_options(None, algorithm, options, strict=False)
-        options["ratio"] = 1.0
+        (transport, options), ef = recipes.dgc_transport(algorithm, options), False
     reducer = hpccomm.Allreducer(comm, codec=transport, algorithm=algorithm, op="mean",
                                  error_feedback=ef, seed=seed, **options)
     dense_reducer = hpccomm.Allreducer(comm, codec="none", algorithm="mpi", op="mean")
@@ -87,7 +77,7 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
         from hpccomm.dgc_optimizer import DGCMomentum
 
         dgc = DGCMomentum({k: shapes[k] for k in compressed}, momentum=args.momentum,
-                          ratio=dgc_ratio, warmup_epochs=args.dgc_warmup_epochs,
+                          ratio=args.dgc_ratio, warmup_epochs=args.dgc_warmup_epochs,
                           nranks=size, seed=seed, rank=rank)
     velocity = {k: np.zeros_like(v) for k, v in model.params.items()}
     n_train = len(xtr)
@@ -101,7 +91,7 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
     from mpi4py import MPI
 
     comm.Barrier()
-    t_start = time.perf_counter()
+    t_start, t_eval = time.perf_counter(), 0.0
     for epoch in range(args.epochs):
         perm = np.random.default_rng([seed, epoch, 777]).permutation(n_train)
         losses = []
@@ -152,12 +142,14 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
             step += 1
         if diverged_at is not None:
             break
+        # the clock counts training only, as the torch loop's
+        t_stop = time.perf_counter()
         local = np.array([np.mean(losses)], dtype=np.float64)
         comm.Allreduce(local.copy(), local)
-        history.append({"epoch": epoch + 1, "step": step,
-                        "time": time.perf_counter() - t_start,
+        history.append({"epoch": epoch + 1, "step": step, "time": t_stop - t_start - t_eval,
                         "train_loss": float(local[0] / size),
                         "val": model.accuracy(data.x_val, data.y_val)})
+        t_eval += time.perf_counter() - t_stop
     digests = comm.allgather(model.digest())
     stats = np.array([buckets.bytes_sent + dense_all.bytes_sent,
                       buckets.reduce_time + dense_all.reduce_time, t_compute,
@@ -166,7 +158,7 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
     comm.Allreduce(stats, worst, op=MPI.MAX)
     described = reducer.codec.describe()
     if args.dgc:
-        described = f"dgc(ratio={dgc_ratio},warmup={args.dgc_warmup_epochs})+{described}"
+        described = f"dgc(ratio={args.dgc_ratio},warmup={args.dgc_warmup_epochs})+{described}"
     return {"codec": described, "error_feedback": reducer.memory.enabled,
             **({"probe": probe.summary()} if probe.every else {}),
             "history": history,
@@ -218,6 +210,35 @@ def resolve(args, codec: str) -> argparse.Namespace:
 def algorithm_for(codec: str, args) -> str:
     # none goes through MPI_Allreduce; powersgd through its own algorithm
     return "mpi" if codec == "none" else (own_algorithm(codec) or args.algorithm)
+
+
+def load_data(args):
+    """``(data, description)`` of ``args.model`` (``--dataset`` / ``--samples``
+    applied); sets ``args.dataset_name``."""
+    setup = recipes.MODELS[args.model]
+    if args.samples:
+        setup = setup._replace(samples=args.samples)
+    if args.model == "mlp":
+        from .datasets import load_dataset
+
+        data = load_dataset(args.dataset, setup.samples)
+        args.dataset_name = args.dataset
+        return data, (f"{args.dataset} ({len(data.x_train)} train / {len(data.x_val)} "
+                      f"validation / {len(data.x_test)} test), MLP "
+                      f"{[data.x_train.shape[1], *args.hidden, 10]}")
+    from .torch_train import Data
+
+    args.dataset_name = setup.dataset
+    return Data(args.model, setup), f"{args.model} on {setup.dataset}"
+
+
+def train_run(comm, data, codec: str, algorithm: str, seed: int, args) -> dict:
+    """One run of ``args.model``: the numpy loop for the MLP, torch's otherwise."""
+    if args.model == "mlp":
+        return train_numpy(comm, data, codec, algorithm, seed, args)
+    from .torch_train import train_torch
+
+    return train_torch(comm, data, codec, algorithm, seed, args)
 
 
 def build_parser():
@@ -336,21 +357,7 @@ def main(argv=None) -> int:
         raise SystemExit("--runner ddp needs a torch model (--model cnn or charlm)")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     setup = recipes.MODELS[args.model]
-    if args.model == "mlp":
-        from .datasets import load_dataset
-
-        data = load_dataset(args.dataset, args.samples or setup.samples)
-        what = (f"{args.dataset} ({len(data.x_train)} train / {len(data.x_val)} validation / "
-                f"{len(data.x_test)} test), MLP {[data.x_train.shape[1], *args.hidden, 10]}")
-        args.dataset_name = args.dataset
-    else:
-        from .torch_train import Data
-
-        if args.samples:
-            setup = setup._replace(samples=args.samples)
-        data = Data(args.model, setup)
-        what = f"{args.model} on {setup.dataset}"
-        args.dataset_name = setup.dataset
+    data, what = load_data(args)
     if args.runner == "ddp":
         codecs = ["none"]
     if rank == 0:
@@ -368,12 +375,7 @@ def main(argv=None) -> int:
                  else codec if args.error_feedback == "auto"
                  else f"{codec}:ef={args.error_feedback}")
         for seed in seeds:
-            if args.model == "mlp":
-                r = train_numpy(comm, data, codec, algorithm, seed, run_args)
-            else:
-                from .torch_train import train_torch
-
-                r = train_torch(comm, data, codec, algorithm, seed, run_args)
+            r = train_run(comm, data, codec, algorithm, seed, run_args)
             r.update({"label": label, "codec_name": codec, "algorithm": algorithm, "seed": seed,
                       "lr": run_args.lr, "recipe": args.recipe, "ef": run_args.ef,
                       "fp_last_layer": run_args.fp_last, "dgc_momentum": run_args.dgc,
