@@ -22,11 +22,29 @@ Keys are stable across steps (``"<prefix>/<kind><bucket index>"``) so that
 error feedback follows each bucket.  ``bucket_bytes=0`` reduces every
 compressed tensor on its own with its own shape (for per-column codecs such
 as ``onebit``, whose columns come from the tensor's last axis).
+
+Bounded staleness (``staleness=s``, both front ends): step ``t`` delivers the
+reduced gradient of step ``t - s`` -- the allreduce counterpart of a
+stale-synchronous parameter server (Petuum's SSP), and with ``s = 1`` the
+one-step-delayed gradient of pipeline training.  Each step copies nothing
+extra: the runner keeps ``s + 1`` sets of bucket storage (*slots*); step
+``t`` fills slot ``t mod (s+1)`` and starts its buckets (non-blocking,
+:mod:`hpccomm.requests`), then waits for the oldest step in flight once more
+than ``s`` are, and hands its slot -- the one step ``t + 1`` fills next --
+to the caller.  The first ``s`` steps deliver nothing (zeros, and
+:attr:`BucketRunner.delivered` is False: skip the optimizer step).  Every rank
+runs the same steps in the same order, so the ranks stay in lockstep by
+construction: the same delayed gradient everywhere, bit for bit, and -- as the
+progress thread runs started calls in start order -- error feedback sees the
+steps in the order the synchronous path does: step ``t``'s delayed result
+equals the synchronous result of step ``t - s`` bit for bit.  ``s = 0`` is
+the synchronous path itself, unchanged.
 """
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -98,15 +116,31 @@ def plan_buckets(shapes: Mapping[str, Sequence[int]], *, bucket_bytes: int = 25 
     return buckets
 
 
+def check_staleness(staleness) -> int:
+    if isinstance(staleness, bool) or not isinstance(staleness, (int, np.integer)) \
+            or staleness < 0:
+        raise ValueError(f"staleness must be an integer >= 0, not {staleness!r}")
+    return int(staleness)
+
+
 class BucketRunner:
     """The plan of ``shapes`` and the two reducers that carry it.
 
     ``dense_reducer`` defaults to ``codec="none", algorithm="mpi"`` on the
     compressed reducer's communicator with its op; the two must share the op.
+    ``staleness`` is the bound of the module docstring (0: synchronous).
     The remaining keywords are :func:`plan_buckets`'s."""
 
     def __init__(self, shapes: Mapping[str, Sequence[int]], reducer: Allreducer,
-                 dense_reducer: Optional[Allreducer] = None, **plan_options):
+                 dense_reducer: Optional[Allreducer] = None, *, staleness: int = 0,
+                 **plan_options):
+        self.staleness = check_staleness(staleness)
+        #: steps started so far, and those in flight: (slot, requests), oldest first
+        self.steps = 0
+        self._in_flight: Deque[Tuple[int, List[Request]]] = collections.deque()
+        #: whether the last step delivered a reduced gradient (False only in the
+        #: first ``staleness`` steps)
+        self.delivered = True
         self.reducer = reducer
         self.dense_reducer = dense_reducer or Allreducer(reducer.parent, codec="none",
                                                          algorithm="mpi", op=reducer.op)
@@ -139,6 +173,46 @@ class BucketRunner:
             return self.dense_reducer.start(target, key=b.key, out=target)
         return self.reducer.start(target, key=b.key, out=target, layout=b.shapes)
 
+    # ------------------------------------------------------------ staleness
+    @property
+    def slots(self) -> int:
+        """Sets of bucket storage: ``staleness + 1``."""
+        return self.staleness + 1
+
+    @property
+    def in_flight(self) -> int:
+        """Steps started whose reduced gradient has not been delivered yet."""
+        return len(self._in_flight)
+
+    def _advance(self, requests: List[Request]) -> Optional[int]:
+        """Queue the requests of the step just started (in slot ``steps mod
+        slots``); once more than ``staleness`` steps are in flight, wait for
+        the oldest and return its slot -- the next step's -- else None.  Every
+        request of that step is waited for before an error is raised."""
+        self._in_flight.append((self.steps % self.slots, requests))
+        self.steps += 1
+        if len(self._in_flight) <= self.staleness:
+            self.delivered = False
+            return None
+        slot, oldest = self._in_flight.popleft()
+        error = None
+        for req in oldest:
+            try:
+                req.wait()
+            except BaseException as e:      # raised on every rank alike
+                error = error or e
+        if error is not None:
+            raise error
+        self.delivered = True
+        return slot
+
+    def _slot_arrays(self, slot: int) -> List[np.ndarray]:
+        """Host copies of a slot's bucket storage (for :meth:`state_dict`)."""
+        raise NotImplementedError
+
+    def _load_slot(self, slot: int, arrays: Sequence[np.ndarray]) -> None:
+        raise NotImplementedError
+
     @property
     def bytes_sent(self) -> int:
         return self.reducer.stats.bytes_sent + self.dense_reducer.stats.bytes_sent
@@ -158,8 +232,32 @@ class BucketRunner:
         return [(b.key, b.dense, list(b.names)) for b in self.buckets]
 
     def state_dict(self) -> dict:
-        return {"reducer": self.reducer.state_dict(), "dense": self.dense_reducer.state_dict()}
+        """The reducers' state (error feedback, seeds); with ``staleness`` also
+        the reduced gradients still to be delivered, so a restart delivers
+        them as the uninterrupted run would."""
+        state = {"reducer": self.reducer.state_dict(), "dense": self.dense_reducer.state_dict()}
+        if self.staleness:
+            # the reducers' state_dict waited for every request: all are complete
+            state.update(staleness=self.staleness, steps=self.steps,
+                         pending=[self._slot_arrays(slot) for slot, _ in self._in_flight])
+        return state
 
     def load_state_dict(self, state: dict) -> None:
+        saved = state.get("staleness", 0)
+        if saved != self.staleness:
+            raise ValueError(f"state was saved with staleness={saved}, "
+                             f"this runner has staleness={self.staleness}")
         self.reducer.load_state_dict(state["reducer"])
         self.dense_reducer.load_state_dict(state["dense"])
+        if self.staleness:
+            for _, reqs in self._in_flight:
+                for req in reqs:
+                    req.wait()
+            self.steps = int(state["steps"])
+            pending = state["pending"]
+            self._in_flight.clear()
+            for k, arrays in enumerate(pending):
+                slot = (self.steps - len(pending) + k) % self.slots
+                self._load_slot(slot, arrays)
+                self._in_flight.append((slot, []))
+            self.delivered = len(pending) == self.staleness

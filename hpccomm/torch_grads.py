@@ -35,11 +35,32 @@ for them; a bucket with a parameter that got no gradient (and every bucket
 after it in that order) starts only there, with zeros for it.  The
 results are bit-identical to ``overlap=False``.  One backward per step: call
 ``reducer()`` before the next backward.
+
+``staleness=s`` (bounded staleness, :mod:`hpccomm.buckets`) keeps ``s + 1``
+sets of buckets: ``reducer()`` starts this step's buckets (or, with overlap,
+the rest of them), waits only for those of ``s`` steps ago, and makes every
+``p.grad`` a view of *their* buckets -- so the optimizer applies the reduced
+gradient of ``s`` steps ago, and the next backward accumulates into that set,
+free again.  No copies: the views move, not the data.  In the first ``s``
+steps nothing is delivered (``.grad`` is zero, ``reducer.delivered`` False)::
+
+    reducer = GradReducer(model, codec="terngrad", overlap=True, staleness=1)
+    for x, y in loader:
+        opt.zero_grad(set_to_none=False)
+        loss_fn(model(x), y).backward()
+        reducer()
+        if reducer.delivered:              # the mean gradient of the step before
+            opt.step()
+
+Hold no reference to a ``.grad`` across steps: with ``staleness`` it is a
+different tensor every step.
 """
 from __future__ import annotations
 
 import functools
 from typing import Iterable, Optional, Tuple, Union
+
+import numpy as np
 
 from .buckets import BucketRunner
 from .core import Allreducer
@@ -68,7 +89,7 @@ class GradReducer(BucketRunner):
                  codec: str = "none", algorithm: Optional[str] = None, op: str = "mean",
                  bucket_bytes: int = 25 << 20, min_compress: int = 1024,
                  dense: Iterable[str] = (), compress_1d: bool = False, overlap: bool = False,
-                 **reducer_options):
+                 staleness: int = 0, **reducer_options):
         import torch
 
         self._torch = torch
@@ -89,21 +110,26 @@ class GradReducer(BucketRunner):
                          Allreducer(comm, codec="none", algorithm="mpi", op=op,
                                     gpu_aware=gpu_aware),
                          bucket_bytes=bucket_bytes, min_compress=min_compress, dense=dense,
-                         compress_1d=compress_1d, prefix="torch")
+                         compress_1d=compress_1d, prefix="torch", staleness=staleness)
         self._param = dict(self.named)
-        self._flat = []
-        #: per parameter, its gradient's view of its bucket, and the bucket's index
-        self._view, self._bucket_of = {}, {}
-        for i, b in enumerate(self.buckets):
-            flat = torch.zeros(b.numel, dtype=torch.float32, device=self.device)
-            self._flat.append(flat)
-            for name, off, size in zip(b.names, b.offsets, b.sizes):
-                p = self._param[name]
-                view = self._view[name] = flat[off:off + size].view_as(p)
-                self._bucket_of[name] = i
-                if p.grad is not None:
-                    view.copy_(p.grad)
-                p.grad = view
+        #: per slot (one without staleness), the buckets' flat storage and per
+        #: parameter its view of its bucket; and per parameter its bucket's index
+        self._slots = []
+        self._bucket_of = {}
+        for _ in range(self.slots):
+            flats, views = [], {}
+            for i, b in enumerate(self.buckets):
+                flat = torch.zeros(b.numel, dtype=torch.float32, device=self.device)
+                flats.append(flat)
+                for name, off, size in zip(b.names, b.offsets, b.sizes):
+                    views[name] = flat[off:off + size].view_as(self._param[name])
+                    self._bucket_of[name] = i
+            self._slots.append((flats, views))
+        self._flat, self._view = self._slots[0]
+        for name, p in self.named:
+            if p.grad is not None:
+                self._view[name].copy_(p.grad)
+            p.grad = self._view[name]
         self.overlap = bool(overlap)
         if self.overlap:
             # backward reaches parameters last-first: a bucket is complete when its
@@ -173,8 +199,11 @@ class GradReducer(BucketRunner):
             self._requests.append(self.start_bucket(i, self._flat[i]))
         copies = self._copies
         try:
-            for req in self._requests:
-                req.wait()
+            if self.staleness:
+                self._deliver(self._requests)
+            else:
+                for req in self._requests:
+                    req.wait()
         finally:
             self._new_step()
         return copies
@@ -192,8 +221,44 @@ class GradReducer(BucketRunner):
             for name in b.names:
                 copies += self._ensure_view(name, self._view[name])
 
-        self.run(self._flat, ensure_views)
+        if self.staleness:
+            for b in self.buckets:
+                ensure_views(b, None)
+            self._deliver([self.start_bucket(i, flat) for i, flat in enumerate(self._flat)])
+        else:
+            self.run(self._flat, ensure_views)
         return copies
+
+    # ---------------------------------------------------------------- staleness
+    def _deliver(self, requests) -> None:
+        """This step's buckets are started: wait for those of ``staleness``
+        steps ago and point every ``.grad`` at them (zeros while none is due)."""
+        slot = self._advance(requests)
+        nxt = self.steps % self.slots
+        assert slot is None or slot == nxt
+        self._use_slot(nxt)
+        if slot is None:
+            with self._torch.no_grad():
+                for flat in self._flat:
+                    flat.zero_()
+
+    def _use_slot(self, slot: int) -> None:
+        self._flat, self._view = self._slots[slot]
+        for name, p in self.named:
+            p.grad = self._view[name]
+
+    def _slot_arrays(self, slot: int):
+        return [flat.detach().cpu().numpy().copy() for flat in self._slots[slot][0]]
+
+    def _load_slot(self, slot: int, arrays) -> None:
+        with self._torch.no_grad():
+            for flat, a in zip(self._slots[slot][0], arrays):
+                flat.copy_(self._torch.from_numpy(np.ascontiguousarray(a, dtype=np.float32)))
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        if self.staleness:
+            self._use_slot(self.steps % self.slots)
 
     @property
     def stats(self) -> Tuple:
