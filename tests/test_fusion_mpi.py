@@ -117,6 +117,26 @@ def test_short_training_run_learns_and_stays_identical(codec):
     assert last["val"] > 0.5 and r["test"] > 0.5
 
 
+def test_stale_training_run_learns_and_stays_identical():
+    """``--staleness 2``: two steps behind, the MLP still learns, the ranks
+    agree bit for bit, and the weights are not the synchronous run's."""
+    pytest.importorskip("sklearn")
+    from hpccomm.bench.datasets import load_dataset
+    from hpccomm.bench.train import build_parser, resolve, train_numpy
+
+    data = load_dataset("digits")
+    runs = {}
+    for s in (0, 2):
+        args = build_parser().parse_args(["--epochs", "3", "--batch", "16", "--staleness", str(s)])
+        args.hidden, args.options = [32], {}
+        runs[s] = train_numpy(COMM, data, "onebit", "twoshot", seed=1,
+                              args=resolve(args, "onebit"))
+    r = runs[2]
+    assert r["weights_identical"] and r["steps"] == runs[0]["steps"]
+    assert r["history"][-1]["train_loss"] < r["history"][0]["train_loss"] and r["test"] > 0.5
+    assert r["digest"] != runs[0]["digest"]
+
+
 def test_gradient_probe_sees_what_the_codec_does():
     """The probe's exact mean against the reduced gradient: ~0 for fp32, a
     large per-step error for onebit that error feedback keeps from adding up."""

@@ -43,6 +43,13 @@ def test_cnn_overlap_is_bit_identical_and_the_ranks_agree():
     assert 0.0 <= on["test"] <= 1.0 and (SIZE == 1 or on["bytes_sent_per_rank"] > 0)
 
 
+def test_cnn_staleness_keeps_the_ranks_in_lockstep():
+    stale = _run("cnn", "terngrad", "--recipe", "same", "--staleness", "1")
+    sync = _run("cnn", "terngrad", "--recipe", "same")
+    assert stale["weights_identical"] and stale["steps"] == sync["steps"] > 1
+    assert stale["digest"] != sync["digest"]     # delayed updates, one fewer
+
+
 @pytest.mark.slow
 def test_cnn_dgc_recipe_and_compression_changes_the_result():
     dgc = _run("cnn", "dgc", "--recipe", "same")

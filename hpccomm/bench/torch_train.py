@@ -165,7 +165,7 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
                               min_compress=args.min_compress,
                               dense=net.last_layer if args.fp_last else (),
                               overlap=args.overlap and not args.dgc and not args.probe_every,
-                              error_feedback=ef, seed=seed, **options)
+                              staleness=args.staleness, error_feedback=ef, seed=seed, **options)
         compressed = [n for b in reducer.buckets if not b.dense for n in b.names]
         if args.dgc:
             from hpccomm.dgc_optimizer import DGCMomentum
@@ -234,7 +234,9 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
                 diverged_at = step
                 break
             t_backward += time.perf_counter() - tb
-            opt.step()
+            # with --staleness the first S steps deliver no gradient: nothing to apply
+            if reducer is None or reducer.delivered:
+                opt.step()
             losses.append(loss.item())
             step += 1
         if diverged_at is not None:

@@ -67,7 +67,8 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
     buckets = GradientBuckets(shapes, reducer, dense_reducer=dense_reducer,
                               bucket_bytes=0 if args.layerwise else args.bucket_bytes,
                               min_compress=args.min_compress,
-                              dense=model.last_layer if args.fp_last else ())
+                              dense=model.last_layer if args.fp_last else (),
+                              staleness=args.staleness)
     dense_all = GradientBuckets(shapes, dense_reducer, dense_reducer=dense_reducer,
                                 bucket_bytes=args.bucket_bytes, min_compress=0,
                                 prefix="warmup")
@@ -132,7 +133,10 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
                 probing = probe.active(step)
                 if probing:
                     probe.before([grads[k] for k in sorted(grads)])
-                buckets.reduce(grads)
+                # with --staleness, the reduced gradient of S steps ago (none at first)
+                if not buckets.reduce(grads):
+                    step += 1
+                    continue
                 if probing:
                     probe.after([grads[k] for k in sorted(grads)])
                 for k, g in grads.items():
@@ -167,7 +171,7 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
             "bytes_sent_per_rank": int(worst[0]), "t_reduce": float(worst[1]),
             "t_comm": float(worst[3]),
             "t_compute": float(worst[2]), "weights_identical": len(set(digests)) == 1,
-            "steps": step, "buckets": buckets.plan()}
+            "digest": digests[0], "steps": step, "buckets": buckets.plan()}
 
 
 # ------------------------------------------------------------------ set-up of a run
@@ -203,6 +207,9 @@ def resolve(args, codec: str) -> argparse.Namespace:
         run.layerwise = False
     if run.dgc:
         run.dgc_ratio = float(options.pop("ratio", 0.001))
+        if args.staleness:
+            # DGC's masking and momentum correction act on what this step sends
+            raise SystemExit(f"--staleness does not combine with DGC's recipe ({codec})")
     run.options = options
     return run
 
@@ -300,6 +307,9 @@ def build_parser():
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="codec/algorithm option: KEY=VALUE applies to every codec that takes "
                         "it, CODEC.KEY=VALUE to that codec only (e.g. dgc.ratio=0.001)")
+    p.add_argument("--staleness", type=int, default=0, metavar="S",
+                   help="bounded staleness: step t applies the reduced gradient of step t-S "
+                        "(GradReducer / GradientBuckets staleness=S; 0: synchronous)")
     p.add_argument("--probe-every", type=int, default=0, metavar="K",
                    help="every K-th step, measure the reduced gradient's error against the "
                         "exact mean (hpccomm.bench.probe); 0: never")
@@ -355,6 +365,10 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
     if args.runner == "ddp" and args.model == "mlp":
         raise SystemExit("--runner ddp needs a torch model (--model cnn or charlm)")
+    if args.staleness < 0:
+        raise SystemExit("--staleness must be >= 0")
+    if args.staleness and (args.runner == "ddp" or args.probe_every):
+        raise SystemExit("--staleness applies to --runner hpccomm without --probe-every")
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     setup = recipes.MODELS[args.model]
     data, what = load_data(args)
@@ -374,13 +388,16 @@ def main(argv=None) -> int:
         label = (f"ddp-{args.ddp_hook}" if args.runner == "ddp"
                  else codec if args.error_feedback == "auto"
                  else f"{codec}:ef={args.error_feedback}")
+        if args.staleness:
+            label += f":s={args.staleness}"
         for seed in seeds:
             r = train_run(comm, data, codec, algorithm, seed, run_args)
             r.update({"label": label, "codec_name": codec, "algorithm": algorithm, "seed": seed,
                       "lr": run_args.lr, "recipe": args.recipe, "ef": run_args.ef,
                       "fp_last_layer": run_args.fp_last, "dgc_momentum": run_args.dgc,
                       "layerwise": run_args.layerwise, "options": run_args.options,
-                      "runner": args.runner, "overlap": run_args.overlap})
+                      "runner": args.runner, "overlap": run_args.overlap,
+                      "staleness": args.staleness})
             if rank == 0 and "probe" in r and r["probe"]["probed_steps"]:
                 print(f"#   probe: step error {r['probe']['step_rel_err']:.3f}, cumulative "
                       f"{r['probe']['cumulative_rel_err']:.3f} over "
