@@ -79,6 +79,7 @@ class _Layout:
             raise ValueError("hierarchical: the ranks of a node must share memory "
                              "(nodes= groups ranks of different hosts)")
         order = sorted(set(firsts))
+        self.nodes = len(order)                            #: nodes found
         self.node = order.index(firsts[rank])             #: this rank's node index
         self.local = local                                  #: the node's communicator
         self.L = local.Get_size()
@@ -224,6 +225,7 @@ class Hierarchical(Algorithm):
         lay = self._setup(ctx.net.comm)
         n, S, L = x.size, lay.S, lay.L
         ctx.call.n = n
+        ctx.call.extra.update(nodes=lay.nodes, ranks_per_node=L)
         b = chunk_bounds(n, S)
         shares = [slice(int(b[s]), int(b[s + 1])) for s in range(S)]
         seg = lay.segments(ctx.net.comm, n) if n else None
