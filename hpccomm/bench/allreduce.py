@@ -183,7 +183,7 @@ def run_raw(comm, x, exact, iters, warmup):
         "time_max": float(np.max(slowest)), "iterations": iters,
         "t_encode": 0.0, "t_comm": float(np.median(slowest)), "t_decode": 0.0,
         "wire_bytes": 2 * (p - 1) * x.nbytes // p if p > 1 else 0, "wire_modelled": True,
-        "segments": 1, "staged": None, "staged_bytes": 0,
+        "segments": 1, "nodes": None, "ranks_per_node": None, "staged": None, "staged_bytes": 0,
         "rel_err": rel, "max_err": max_err, "error_feedback": False,
         "wrong": None, "check_failures": [], "check_tolerance": None,
         "reference_ok": None, "reference_failures": [], "reference": None, "band": None,

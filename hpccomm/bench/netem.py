@@ -173,7 +173,7 @@ exec ip netns exec "{self.prefix}-r$((idx-1))" unshare --uts sh -c "hostname r$(
             found += [int(p) for p in proc.stdout.split() if p.isdigit()]
         return found
 
-    def kill_leftovers(self, grace: float = 5.0) -> None:
+    def kill_leftovers(self, grace: float = 2.0) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds, every process still
         inside this cluster's namespaces: deleting a namespace only removes its
         name, and a process left in it would keep running, unreachable."""
