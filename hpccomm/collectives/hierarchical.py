@@ -36,7 +36,10 @@ rank (the same list on every rank; for tests and emulated clusters; the ranks
 given one node must share memory, else a ``ValueError`` on every rank).  Nodes
 are ordered by their lowest rank; local ranks follow global ranks.  The layout
 (node and per-share communicators, the shared block) is made on the first
-call and cached on the communicator until it is freed.  Options:
+call and cached on the communicator until it is freed; every call records
+what was found in ``stats.last.extra`` (``nodes``, and ``ranks_per_node`` of
+this rank's node), so a run can show that it spanned the nodes it should.
+Options:
 ``outer`` (default ``"twoshot"``), ``nodes``.  The dense step inside a node
 carries no codec.
 """
