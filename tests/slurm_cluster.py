@@ -248,8 +248,10 @@ def _interrupt(signum, frame):
 
 def netns_problem():
     """Why :class:`NetnsSlurm` cannot run here (not root, ``ip``/``tc``/
-    ``unshare`` missing, the kernel lacks namespaces, veth, bridge or tbf),
-    or None."""
+    ``unshare``/``nsenter`` missing, the kernel lacks namespaces, veth, bridge
+    or tbf), or None."""
+    if shutil.which("nsenter") is None:
+        return "no 'nsenter' (Debian: apt-get install util-linux)"
     return netem.missing_requirement() or netem.kernel_problem()
 
 
