@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 
 from hpccomm.bench import netem
@@ -227,19 +228,21 @@ PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscrib
 
     def __enter__(self):
         # SIGTERM (a CI runner's timeout) unwinds like Ctrl-C, through stop()
-        self._old_sigterm = signal.signal(signal.SIGTERM, _interrupt)
+        self._old_sigterm = None
+        if threading.current_thread() is threading.main_thread():
+            self._old_sigterm = signal.signal(signal.SIGTERM, _interrupt)
         try:
             return self.start()
         except BaseException:
-            self.stop()
-            signal.signal(signal.SIGTERM, self._old_sigterm)
+            self.__exit__()
             raise
 
     def __exit__(self, *exc):
         try:
             self.stop()
         finally:
-            signal.signal(signal.SIGTERM, self._old_sigterm)
+            if self._old_sigterm is not None:
+                signal.signal(signal.SIGTERM, self._old_sigterm)
 
 
 def _interrupt(signum, frame):
