@@ -8,7 +8,9 @@ template runs directly, with ``srun`` inside it.  Otherwise it is submitted
 with ``sbatch``; any option this command does not know (``--nodes=4``,
 ``--ntasks-per-node=1``, ``--partition=gpu``, ...) goes to sbatch, and
 ``--wait`` waits for the job and reports its final state and exit code
-(non-zero when the job failed).  Arguments after ``--`` go to the job's command
+(non-zero when the job failed), polling ``scontrol`` every second (``sbatch
+--wait``, used where there is no scontrol, sleeps 2, 8, then 32 s between its
+checks: a 10-s job is reported after 42 s).  Arguments after ``--`` go to the job's command
 (``hpccomm.bench allreduce`` for the bench templates, ``hpccomm.bench train``
 for the train template).
 
@@ -27,6 +29,7 @@ import shlex
 import shutil
 import subprocess
 import sys
+import time
 from typing import List, Optional
 
 ARG_VARS = {"bench": "HPCCOMM_BENCH_ARGS", "bench-gpu": "HPCCOMM_BENCH_ARGS",
@@ -57,13 +60,48 @@ def find_template(name: str) -> str:
     return path
 
 
+#: job states a job does not leave (``squeue --help``: the rest are PENDING, RUNNING, ...)
+FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED",
+                "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE", "REVOKED"}
+
+
 def job_state(job_id: str) -> dict:
     """JobState and ExitCode from ``scontrol show job`` (empty if unknown)."""
     if shutil.which("scontrol") is None:
         return {}
-    proc = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True, text=True)
+    try:
+        proc = subprocess.run(["scontrol", "show", "job", job_id], capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return {}
     fields = dict(re.findall(r"(\w+)=(\S+)", proc.stdout))
     return {k: fields[k] for k in ("JobState", "ExitCode", "StdOut") if k in fields}
+
+
+def wait_for_job(job_id: str, poll: float = 1.0, misses: int = 10) -> dict:
+    """Poll :func:`job_state` until the job is in a final state; returns its
+    last state (empty when scontrol did not know the job ``misses`` times in
+    a row: it forgets finished jobs after MinJobAge, 300 s by default)."""
+    unknown = 0
+    while True:
+        state = job_state(job_id)
+        if state.get("JobState") in FINAL_STATES:
+            return state
+        unknown = 0 if state else unknown + 1
+        if unknown >= misses:
+            return state
+        time.sleep(poll)
+
+
+def exit_status(state: dict) -> int:
+    """The shell's status for a job's final state: its exit code, 128 + the
+    signal that ended it, or 1 for a job that did not complete otherwise."""
+    code, _, sig = state.get("ExitCode", "").partition(":")
+    if code.isdigit() and int(code):
+        return int(code)
+    if sig.isdigit() and int(sig):
+        return 128 + int(sig)
+    return 0 if state.get("JobState") == "COMPLETED" else 1
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -103,7 +141,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         return subprocess.run(cmd, env=env).returncode
     if shutil.which("sbatch") is None:
         raise SystemExit("sbatch not found: not on a Slurm cluster (and no SLURM_JOB_ID)")
-    cmd = ["sbatch", "--parsable", *(["--wait"] if args.wait else []), *sbatch_opts, template]
+    poll = args.wait and shutil.which("scontrol") is not None
+    cmd = ["sbatch", "--parsable", *(["--wait"] if args.wait and not poll else []), *sbatch_opts,
+           template]
     if args.dry_run:
         print(" ".join(shlex.quote(c) for c in cmd))
         return 0
@@ -115,12 +155,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"submitted job {job_id} ({name})")
     if not args.wait:
         return 0
-    state = job_state(job_id)
+    if poll:
+        try:
+            state = wait_for_job(job_id)
+        except KeyboardInterrupt:
+            print(f"stopped waiting; job {job_id} goes on (scancel {job_id} ends it)")
+            return 130
+        status = exit_status(state)
+    else:
+        state, status = job_state(job_id), proc.returncode
+        if status != 0:
+            sys.stderr.write(proc.stderr)
     print(f"job {job_id}: state {state.get('JobState', '?')}, exit code "
-          f"{state.get('ExitCode', '?')}, sbatch exit {proc.returncode}")
-    if proc.returncode != 0:
-        sys.stderr.write(proc.stderr)
-    return proc.returncode
+          f"{state.get('ExitCode', '?')}")
+    return status
 
 
 if __name__ == "__main__":

@@ -448,8 +448,11 @@ def test_netem_ranks_per_host_makes_nodes(tmp_path):
     after = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "4 ranks, 1gbit" in proc.stdout and "2 ranks per host" in proc.stdout
-    meta = json.loads(out.read_text())["meta"]
-    assert meta["ranks"] == 4
+    data = json.loads(out.read_text())
+    assert data["meta"]["ranks"] == 4
+    assert sorted(data["meta"]["hosts"]) == ["r0", "r0", "r1", "r1"]
+    (hier,) = [r for r in data["rows"] if r["algorithm_name"] == "hierarchical"]
+    assert (hier["nodes"], hier["ranks_per_node"]) == (2, 2)
     assert sorted(after.split()) == sorted(before.split()), "namespaces left behind"
     bad = run([PY, "-m", "hpccomm.bench", "netem", "--ranks", "3", "--ranks-per-host", "2",
                "--rate", "1gbit"])

@@ -183,7 +183,7 @@ def run_raw(comm, x, exact, iters, warmup):
         "time_max": float(np.max(slowest)), "iterations": iters,
         "t_encode": 0.0, "t_comm": float(np.median(slowest)), "t_decode": 0.0,
         "wire_bytes": 2 * (p - 1) * x.nbytes // p if p > 1 else 0, "wire_modelled": True,
-        "segments": 1, "staged": None, "staged_bytes": 0,
+        "segments": 1, "nodes": None, "ranks_per_node": None, "staged": None, "staged_bytes": 0,
         "rel_err": rel, "max_err": max_err, "error_feedback": False,
         "wrong": None, "check_failures": [], "check_tolerance": None,
         "reference_ok": None, "reference_failures": [], "reference": None, "band": None,
@@ -339,6 +339,9 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
         "t_encode": float(worst[0]), "t_comm": float(worst[1]), "t_decode": float(worst[2]),
         "wire_bytes": int(worst[3]), "wire_modelled": bool(reducer.stats.last.modelled),
         "segments": int(reducer.stats.last.extra.get("segments", 1)),
+        # hierarchical: the nodes it found, and this rank's node's ranks
+        "nodes": reducer.stats.last.extra.get("nodes"),
+        "ranks_per_node": reducer.stats.last.extra.get("ranks_per_node"),
         "staged": reducer.stats.last.extra.get("staged"),
         "staged_bytes": int(reducer.stats.last.extra.get("staged_d2h", 0)
                             + reducer.stats.last.extra.get("staged_h2d", 0)),
@@ -402,7 +405,8 @@ def main(argv=None) -> int:
             "thread_level": mpi_thread_level(),
             "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
             "numba": numba.__version__, "ranks": size, "threads": numba.get_num_threads(),
-            "host": platform.node(), "python": platform.python_version(), "date": date,
+            "host": platform.node(), "hosts": comm.allgather(platform.node()),
+            "python": platform.python_version(), "date": date,
             "seed": args.seed, "options": options, "buffer": args.buffer, "cols": args.cols, "error_feedback": args.error_feedback,
             "cases": [f"{c}+{a}" for c, a in cases]}
     if rank == 0:

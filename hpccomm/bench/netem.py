@@ -34,7 +34,8 @@ import signal
 import subprocess
 import sys
 import tempfile
-from typing import List
+import time
+from typing import List, Optional
 
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
 _RATE_BITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -56,23 +57,54 @@ def rate_bits(rate: str) -> float:
     return float(m.group(1)) * _RATE_BITS[m.group(2)]
 
 
-def preflight() -> None:
-    """Raise SystemExit with a clear message when emulation is impossible."""
+def missing_requirement() -> Optional[str]:
+    """Why emulation cannot start here (not root, a tool missing), or None."""
     if os.geteuid() != 0:
-        raise SystemExit("netem needs root (network namespaces and tc); run it as root")
+        return "netem needs root (network namespaces and tc); run it as root"
     for tool in ("ip", "tc", "unshare"):
         if shutil.which(tool) is None:
-            raise SystemExit(f"netem needs '{tool}' (Debian: apt-get install iproute2 util-linux)")
+            return f"netem needs '{tool}' (Debian: apt-get install iproute2 util-linux)"
+    return None
+
+
+def preflight() -> None:
+    """Raise SystemExit with a clear message when emulation is impossible."""
+    reason = missing_requirement()
+    if reason:
+        raise SystemExit(reason)
+
+
+def kernel_problem(rate: str = "1gbit") -> Optional[str]:
+    """Why the kernel cannot build the per-host network (no namespaces, veth,
+    bridge or tbf), found by building and removing a one-host cluster; None
+    when it can.  Call after :func:`missing_requirement`."""
+    cluster = Cluster(1, rate, "per-host", prefix=f"hpccprobe{os.getpid() % 100000}")
+    try:
+        cluster.build()
+    except subprocess.CalledProcessError as exc:
+        err = exc.stderr.decode(errors="replace").strip() if exc.stderr else ""
+        return f"{' '.join(exc.cmd)}: {err}"
+    except subprocess.TimeoutExpired as exc:
+        return f"{' '.join(exc.cmd)}: timed out"
+    finally:
+        cluster.close()
+    return None
 
 
 class Cluster:
-    """Namespaces, veths, a bridge and tbf limits; ``close()`` removes them."""
+    """Namespaces, veths, a bridge and tbf limits; ``close()`` removes them.
+
+    Host ``i`` is the namespace ``host_ns(i)`` with NIC ``veth0`` at
+    ``addr(i)``; every namespace name starts with ``prefix`` (default: one per
+    process), which is what ``close()`` deletes.  Also used by the test
+    suite's emulated multi-host Slurm cluster (``tests/slurm_cluster.py``)."""
 
     def __init__(self, ranks: int, rate: str, mode: str, burst: str = "256kb",
-                 tbf_latency: str = "100ms", verbose: bool = False):
+                 tbf_latency: str = "100ms", verbose: bool = False,
+                 prefix: Optional[str] = None):
         self.ranks, self.rate, self.mode = ranks, rate, mode
         self.burst, self.tbf_latency, self.verbose = burst, tbf_latency, verbose
-        self.prefix = f"hpcc{os.getpid() % 100000}"
+        self.prefix = prefix or f"hpcc{os.getpid() % 100000}"
         self.created: List[str] = []
         self.tmp = tempfile.mkdtemp(prefix=f"{self.prefix}-")
         self.nsexec = os.path.join(self.tmp, "nsexec.sh")
@@ -91,7 +123,8 @@ class Cluster:
     def _run(self, *cmd: str) -> None:
         if self.verbose:
             print("+", " ".join(cmd), file=sys.stderr)
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                       timeout=60)
 
     def _add_ns(self, name: str) -> None:
         self._run("ip", "netns", "add", name)
@@ -131,10 +164,38 @@ exec ip netns exec "{self.prefix}-r$((idx-1))" unshare --uts sh -c "hostname r$(
 """)
         os.chmod(self.nsexec, 0o755)
 
+    def pids(self) -> List[int]:
+        """Processes still running inside this cluster's namespaces."""
+        found: List[int] = []
+        for name in self.created:
+            proc = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                                  timeout=30)
+            found += [int(p) for p in proc.stdout.split() if p.isdigit()]
+        return found
+
+    def kill_leftovers(self, grace: float = 2.0) -> None:
+        """SIGTERM, then SIGKILL after ``grace`` seconds, every process still
+        inside this cluster's namespaces: deleting a namespace only removes its
+        name, and a process left in it would keep running, unreachable."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            pids = self.pids()
+            for pid in pids:
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            deadline = time.time() + grace
+            while pids and time.time() < deadline:
+                time.sleep(0.1)
+                pids = self.pids()
+            if not pids:
+                return
+
     def close(self) -> None:
+        self.kill_leftovers()
         for name in reversed(self.created):
             subprocess.run(["ip", "netns", "delete", name], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL)
+                           stderr=subprocess.DEVNULL, timeout=30)
         self.created.clear()
         shutil.rmtree(self.tmp, ignore_errors=True)
 

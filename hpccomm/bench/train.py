@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import sys
 import time
 
@@ -413,6 +414,7 @@ def main(argv=None) -> int:
                       f"{str(r['weights_identical']):>9}"
                       + (f"  diverged at step {r['diverged_at_step']}"
                          if r["diverged_at_step"] is not None else ""), flush=True)
+    hosts = comm.allgather(platform.node())
     if rank == 0:
         print(f"# summary: final test {'accuracy' if setup.metric == 'accuracy' else 'loss'}, "
               "mean +- std over seeds")
@@ -421,6 +423,7 @@ def main(argv=None) -> int:
             meta = {"model": args.model, "dataset": args.dataset_name, "ranks": size,
                     "metric": setup.metric, "recipe": args.recipe, "runner": args.runner,
                     "ddp_hook": args.ddp_hook, "netem": os.environ.get("HPCCOMM_NETEM"),
+                    "hosts": hosts,
                     "argv": sys.argv[1:] if argv is None else argv,
                     "tool": f"hpccomm {hpccomm.__version__}"}
             with open(args.json, "w", encoding="utf-8") as f:

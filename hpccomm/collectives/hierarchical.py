@@ -36,7 +36,10 @@ rank (the same list on every rank; for tests and emulated clusters; the ranks
 given one node must share memory, else a ``ValueError`` on every rank).  Nodes
 are ordered by their lowest rank; local ranks follow global ranks.  The layout
 (node and per-share communicators, the shared block) is made on the first
-call and cached on the communicator until it is freed.  Options:
+call and cached on the communicator until it is freed; every call records
+what was found in ``stats.last.extra`` (``nodes``, and ``ranks_per_node`` of
+this rank's node), so a run can show that it spanned the nodes it should.
+Options:
 ``outer`` (default ``"twoshot"``), ``nodes``.  The dense step inside a node
 carries no codec.
 """
@@ -79,6 +82,7 @@ class _Layout:
             raise ValueError("hierarchical: the ranks of a node must share memory "
                              "(nodes= groups ranks of different hosts)")
         order = sorted(set(firsts))
+        self.nodes = len(order)                            #: nodes found
         self.node = order.index(firsts[rank])             #: this rank's node index
         self.local = local                                  #: the node's communicator
         self.L = local.Get_size()
@@ -224,6 +228,7 @@ class Hierarchical(Algorithm):
         lay = self._setup(ctx.net.comm)
         n, S, L = x.size, lay.S, lay.L
         ctx.call.n = n
+        ctx.call.extra.update(nodes=lay.nodes, ranks_per_node=L)
         b = chunk_bounds(n, S)
         shares = [slice(int(b[s]), int(b[s + 1])) for s in range(S)]
         seg = lay.segments(ctx.net.comm, n) if n else None
