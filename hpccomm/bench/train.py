@@ -27,6 +27,9 @@ any of them overridable.  ``--recipe same`` trains every codec with them;
 rate chosen on validation by ``python -m hpccomm.bench lrgrid``
 (:mod:`hpccomm.bench.recipes`).
 
+``--meprop K`` (torch models): meProp's sparsified back-propagation in the
+hidden linear layers (:mod:`hpccomm.bench.meprop`).
+
 Data: install with ``pip install 'hpccomm[train]'`` (scikit-learn, mnist1d)
 and ``'hpccomm[torch]'``; nothing is downloaded.
 """
@@ -303,6 +306,10 @@ def build_parser():
     p.add_argument("--probe-every", type=int, default=0, metavar="K",
                    help="every K-th step, measure the reduced gradient's error against the "
                         "exact mean (hpccomm.bench.probe); 0: never")
+    p.add_argument("--meprop", type=int, default=0, metavar="K",
+                   help="torch models: meProp, keep the K largest-magnitude entries of each "
+                        "example's output gradient of the hidden linear layers "
+                        "(hpccomm.bench.meprop); 0: off")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("-J", "--json", default=None, metavar="FILE")
     return p
@@ -355,6 +362,8 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
     if args.runner == "ddp" and args.model == "mlp":
         raise SystemExit("--runner ddp needs a torch model (--model cnn or charlm)")
+    from .meprop import validate as validate_meprop
+    validate_meprop(args.model, args.meprop)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     setup = recipes.MODELS[args.model]
     data, what = load_data(args)
@@ -362,8 +371,8 @@ def main(argv=None) -> int:
         codecs = ["none"]
     if rank == 0:
         print(f"# hpccomm train: {what}, {size} ranks, recipe {args.recipe}, runner "
-              f"{args.runner}{' (' + args.ddp_hook + ' hook)' if args.runner == 'ddp' else ''}",
-              flush=True)
+              f"{args.runner}{' (' + args.ddp_hook + ' hook)' if args.runner == 'ddp' else ''}"
+              f"{f', meProp k={args.meprop}' if args.meprop else ''}", flush=True)
         print(f"#{'codec':>34} {'alg':>9} {'EF':>5} {'seed':>4} {'lr':>8} {'val':>7} "
               f"{'test':>7} {'MB sent':>8} {'train s':>8} {'identical':>9}", flush=True)
     runs = []
@@ -380,7 +389,8 @@ def main(argv=None) -> int:
                       "lr": run_args.lr, "recipe": args.recipe, "ef": run_args.ef,
                       "fp_last_layer": run_args.fp_last, "dgc_momentum": run_args.dgc,
                       "layerwise": run_args.layerwise, "options": run_args.options,
-                      "runner": args.runner, "overlap": run_args.overlap})
+                      "runner": args.runner, "overlap": run_args.overlap,
+                      "meprop": args.meprop})
             if rank == 0 and "probe" in r and r["probe"]["probed_steps"]:
                 print(f"#   probe: step error {r['probe']['step_rel_err']:.3f}, cumulative "
                       f"{r['probe']['cumulative_rel_err']:.3f} over "
