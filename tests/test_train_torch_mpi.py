@@ -78,6 +78,11 @@ def test_cnn_meprop_keeps_the_ranks_agreeing_and_the_full_width_is_plain_backpro
     assert plain["weights_identical"] and full["weights_identical"] and sparse["weights_identical"]
     assert full["digest"] == plain["digest"]        # K = fc1's width: nothing dropped
     assert sparse["digest"] != plain["digest"]
+    # codec none with a named sparse algorithm: the gradient's non-zeros, exactly
+    exact = _run("cnn", "none", "--meprop", "8", "--algorithm", "sparse_allgather")
+    assert exact["weights_identical"] and exact["codec"] == sparse["codec"]
+    if SIZE > 1:
+        assert exact["bytes_sent_per_rank"] < sparse["bytes_sent_per_rank"]
 
 
 def test_train_command_records_meprop_and_refuses_a_bad_k_on_every_rank(tmp_path):

@@ -211,8 +211,14 @@ def resolve(args, codec: str) -> argparse.Namespace:
 
 
 def algorithm_for(codec: str, args) -> str:
-    # none goes through MPI_Allreduce; powersgd through its own algorithm
-    return "mpi" if codec == "none" else (own_algorithm(codec) or args.algorithm)
+    # none goes through MPI_Allreduce, or through a sparse algorithm named by
+    # --algorithm (exact: each rank sends its gradient's non-zeros, e.g. under
+    # --meprop); powersgd through its own algorithm
+    if codec == "none":
+        from ..sparse_vectors import sparse_algorithms
+
+        return args.algorithm if args.algorithm in sparse_algorithms() else "mpi"
+    return own_algorithm(codec) or args.algorithm
 
 
 def load_data(args):
@@ -261,7 +267,8 @@ def build_parser():
     p.add_argument("--lr-table", default=None, metavar="FILE",
                    help="chosen learning rates (default: the one lrgrid wrote into the package)")
     p.add_argument("--algorithm", default="twoshot",
-                   help="algorithm for the compressed codecs (default twoshot; none uses mpi)")
+                   help="algorithm for the compressed codecs (default twoshot); none uses mpi, "
+                        "or the sparse algorithm named here (its non-zeros, exactly)")
     p.add_argument("--runner", choices=("hpccomm", "ddp"), default="hpccomm",
                    help="torch models: average through hpccomm, or PyTorch DDP over gloo")
     p.add_argument("--ddp-hook", choices=("none", "fp16", "powersgd"), default="none",
