@@ -95,3 +95,12 @@ def test_validation():
             meprop.validate(model, k)
     with pytest.raises(ValueError, match="1, 512"):
         meprop.attach(torch_model("cnn", 0), 600)
+
+
+def test_lrgrid_refuses_meprop(capsys):
+    # its table is keyed by codec: a meProp run's rate would replace fp32's
+    from hpccomm.bench import lrgrid
+
+    with pytest.raises(SystemExit):
+        lrgrid.main(["--model", "cnn", "--meprop", "8"])
+    assert "--meprop" in capsys.readouterr().err
