@@ -16,9 +16,9 @@ training loop, two ways to average the gradients.
 
 Both runners see the same model, initial weights, data order, optimizer and
 learning-rate schedule (and, with ``--meprop K``, the same sparsified
-back-propagation, :mod:`hpccomm.bench.meprop`).  The clock (``time`` in each history entry) counts
-training steps only: it stops, behind a barrier, while rank 0 evaluates on
-the validation split.  At the end every rank hashes its weights; the run
+back-propagation, :mod:`hpccomm.bench.meprop`).  The clock (``time`` in each
+history entry) counts training steps only: it stops, behind a barrier, while
+rank 0 evaluates on the validation split.  At the end every rank hashes its weights; the run
 fails unless all hashes agree.
 """
 from __future__ import annotations
