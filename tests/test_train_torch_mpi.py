@@ -76,3 +76,34 @@ def test_ddp_runner_with_its_hooks(hook):
     assert r["weights_identical"] and r["codec"] == f"ddp-{hook}"
     fp32 = _run("cnn", "none")
     assert r["digest"] != fp32["digest"]        # the hook compressed
+
+
+def test_cnn_meprop_keeps_the_ranks_agreeing_and_the_full_width_is_plain_backprop():
+    plain = _run("cnn", "none")
+    full = _run("cnn", "none", "--meprop", "512")
+    sparse = _run("cnn", "none", "--meprop", "8")
+    assert plain["weights_identical"] and full["weights_identical"] and sparse["weights_identical"]
+    assert full["digest"] == plain["digest"]        # K = fc1's width: nothing dropped
+    assert sparse["digest"] != plain["digest"]
+    # codec none with a named sparse algorithm: the gradient's non-zeros, exactly
+    exact = _run("cnn", "none", "--meprop", "8", "--algorithm", "sparse_allgather")
+    assert exact["weights_identical"] and exact["codec"] == sparse["codec"]
+    if SIZE > 1:
+        assert exact["bytes_sent_per_rank"] < sparse["bytes_sent_per_rank"]
+
+
+def test_train_command_records_meprop_and_refuses_a_bad_k_on_every_rank(tmp_path):
+    import json
+
+    from hpccomm.bench.train import main
+
+    out = COMM.bcast(str(tmp_path / "meprop.json"), root=0)
+    small = ["--model", "cnn", "--samples", "300", "--epochs", "1", "--batch", "8"]
+    assert main([*small, "--meprop", "16", "-J", out]) == 0
+    COMM.Barrier()
+    with open(out, encoding="utf-8") as f:
+        run = json.load(f)["runs"][0]
+    assert run["meprop"] == 16 and run["weights_identical"]
+    for bad, match in [("513", "512"), ("-2", "positive")]:
+        with pytest.raises(SystemExit, match=match):
+            main([*small, "--meprop", bad])

@@ -48,6 +48,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.lr is not None:
         p.error("lrgrid chooses --lr itself")
+    if args.meprop:
+        # the table is keyed by codec: a meProp run's choice would replace fp32's
+        p.error("lrgrid does not take --meprop (the table has no entry for it)")
     args.recipe = "paper"
     from mpi4py import MPI
 

@@ -13,8 +13,10 @@
   96, 4 heads, context 64, vocabulary 128, 255 k parameters.
 
 The torch models are built from a seed (the same initial weights on every
-rank) and are float32; every model names its last layer (``last_layer``),
-which TernGrad's recipe keeps in full precision.
+rank; :func:`torch_model` by name) and are float32; every model names its
+last layer (``last_layer``), which TernGrad's recipe keeps in full precision,
+and its hidden linear layers (``meprop_layers``), whose output gradients
+``--meprop`` sparsifies (:mod:`hpccomm.bench.meprop`).
 """
 from __future__ import annotations
 
@@ -97,6 +99,7 @@ def cnn1d(seed: int, length: int = 40, classes: int = 10, channels: int = 32, hi
 
     class CNN1D(nn.Module):
         last_layer = ["fc2.weight", "fc2.bias"]
+        meprop_layers = ["fc1"]          # its hidden layer (hpccomm.bench.meprop)
 
         def __init__(self):
             super().__init__()
@@ -123,6 +126,8 @@ def char_transformer(seed: int, vocab: int = 128, context: int = 64, width: int 
 
     class CharTransformer(nn.Module):
         last_layer = ["head.weight", "head.bias"]
+        # the feed-forward hidden layers (hpccomm.bench.meprop)
+        meprop_layers = [f"blocks.{i}.linear1" for i in range(layers)]
 
         def __init__(self):
             super().__init__()
@@ -146,3 +151,8 @@ def char_transformer(seed: int, vocab: int = 128, context: int = 64, width: int 
 
     torch.manual_seed(seed)
     return CharTransformer()
+
+
+def torch_model(name: str, seed: int):
+    """The torch model of ``train --model name`` (``cnn`` or ``charlm``)."""
+    return {"cnn": cnn1d, "charlm": char_transformer}[name](seed)

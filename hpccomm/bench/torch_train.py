@@ -15,9 +15,10 @@ training loop, two ways to average the gradients.
     broadcast); MPI itself only synchronises the clock and compares weights.
 
 Both runners see the same model, initial weights, data order, optimizer and
-learning-rate schedule.  The clock (``time`` in each history entry) counts
-training steps only: it stops, behind a barrier, while rank 0 evaluates on
-the validation split.  At the end every rank hashes its weights; the run
+learning-rate schedule (and, with ``--meprop K``, the same sparsified
+back-propagation, :mod:`hpccomm.bench.meprop`).  The clock (``time`` in each
+history entry) counts training steps only: it stops, behind a barrier, while
+rank 0 evaluates on the validation split.  At the end every rank hashes its weights; the run
 fails unless all hashes agree.
 """
 from __future__ import annotations
@@ -30,7 +31,8 @@ from typing import Dict, List
 import numpy as np
 
 from .datasets import eval_windows, load_dataset, stdlib_corpus, windows
-from .models import char_transformer, cnn1d, torch_digest
+from .meprop import attach as attach_meprop
+from .models import torch_digest, torch_model
 from .probe import GradientProbe
 from .recipes import dgc_transport, lr_at
 
@@ -125,7 +127,9 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
 
     torch.set_num_threads(1)
     rank, size = comm.Get_rank(), comm.Get_size()
-    net = char_transformer(seed) if data.lm else cnn1d(seed)
+    net = torch_model(args.model, seed)
+    if args.meprop:
+        attach_meprop(net, args.meprop)       # sparsified back-propagation
     params = dict(net.named_parameters())
     names = list(params)
     reducer, dgc, compressed, ddp = None, None, [], None

@@ -27,6 +27,9 @@ any of them overridable.  ``--recipe same`` trains every codec with them;
 rate chosen on validation by ``python -m hpccomm.bench lrgrid``
 (:mod:`hpccomm.bench.recipes`).
 
+``--meprop K`` (torch models): meProp's sparsified back-propagation in the
+hidden linear layers (:mod:`hpccomm.bench.meprop`).
+
 Data: install with ``pip install 'hpccomm[train]'`` (scikit-learn, mnist1d)
 and ``'hpccomm[torch]'``; nothing is downloaded.
 """
@@ -216,8 +219,14 @@ def resolve(args, codec: str) -> argparse.Namespace:
 
 
 def algorithm_for(codec: str, args) -> str:
-    # none goes through MPI_Allreduce; powersgd through its own algorithm
-    return "mpi" if codec == "none" else (own_algorithm(codec) or args.algorithm)
+    # none goes through MPI_Allreduce, or through a sparse algorithm named by
+    # --algorithm (exact: each rank sends its gradient's non-zeros, e.g. under
+    # --meprop); powersgd through its own algorithm
+    if codec == "none":
+        from ..sparse_vectors import sparse_algorithms
+
+        return args.algorithm if args.algorithm in sparse_algorithms() else "mpi"
+    return own_algorithm(codec) or args.algorithm
 
 
 def load_data(args):
@@ -266,7 +275,8 @@ def build_parser():
     p.add_argument("--lr-table", default=None, metavar="FILE",
                    help="chosen learning rates (default: the one lrgrid wrote into the package)")
     p.add_argument("--algorithm", default="twoshot",
-                   help="algorithm for the compressed codecs (default twoshot; none uses mpi)")
+                   help="algorithm for the compressed codecs (default twoshot); none uses mpi, "
+                        "or the sparse algorithm named here (its non-zeros, exactly)")
     p.add_argument("--runner", choices=("hpccomm", "ddp"), default="hpccomm",
                    help="torch models: average through hpccomm, or PyTorch DDP over gloo")
     p.add_argument("--ddp-hook", choices=("none", "fp16", "powersgd"), default="none",
@@ -314,6 +324,10 @@ def build_parser():
     p.add_argument("--probe-every", type=int, default=0, metavar="K",
                    help="every K-th step, measure the reduced gradient's error against the "
                         "exact mean (hpccomm.bench.probe); 0: never")
+    p.add_argument("--meprop", type=int, default=0, metavar="K",
+                   help="torch models: meProp, keep the K largest-magnitude entries of each "
+                        "example's output gradient of the hidden linear layers "
+                        "(hpccomm.bench.meprop); 0: off")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("-J", "--json", default=None, metavar="FILE")
     return p
@@ -370,6 +384,8 @@ def main(argv=None) -> int:
         raise SystemExit("--staleness must be >= 0")
     if args.staleness and (args.runner == "ddp" or args.probe_every):
         raise SystemExit("--staleness applies to --runner hpccomm without --probe-every")
+    from .meprop import validate as validate_meprop
+    validate_meprop(args.model, args.meprop)
     seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     setup = recipes.MODELS[args.model]
     data, what = load_data(args)
@@ -377,8 +393,8 @@ def main(argv=None) -> int:
         codecs = ["none"]
     if rank == 0:
         print(f"# hpccomm train: {what}, {size} ranks, recipe {args.recipe}, runner "
-              f"{args.runner}{' (' + args.ddp_hook + ' hook)' if args.runner == 'ddp' else ''}",
-              flush=True)
+              f"{args.runner}{' (' + args.ddp_hook + ' hook)' if args.runner == 'ddp' else ''}"
+              f"{f', meProp k={args.meprop}' if args.meprop else ''}", flush=True)
         print(f"#{'codec':>34} {'alg':>9} {'EF':>5} {'seed':>4} {'lr':>8} {'val':>7} "
               f"{'test':>7} {'MB sent':>8} {'train s':>8} {'identical':>9}", flush=True)
     runs = []
@@ -398,7 +414,7 @@ def main(argv=None) -> int:
                       "fp_last_layer": run_args.fp_last, "dgc_momentum": run_args.dgc,
                       "layerwise": run_args.layerwise, "options": run_args.options,
                       "runner": args.runner, "overlap": run_args.overlap,
-                      "staleness": args.staleness})
+                      "staleness": args.staleness, "meprop": args.meprop})
             if rank == 0 and "probe" in r and r["probe"]["probed_steps"]:
                 print(f"#   probe: step error {r['probe']['step_rel_err']:.3f}, cumulative "
                       f"{r['probe']['cumulative_rel_err']:.3f} over "
