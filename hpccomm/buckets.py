@@ -116,6 +116,19 @@ def plan_buckets(shapes: Mapping[str, Sequence[int]], *, bucket_bytes: int = 25 
     return buckets
 
 
+def _wait_all(requests: Sequence[Request]) -> None:
+    """Wait for every request, then raise the first error (raised on every
+    rank alike), so that no request of a step is left running."""
+    error = None
+    for req in requests:
+        try:
+            req.wait()
+        except BaseException as e:
+            error = error or e
+    if error is not None:
+        raise error
+
+
 def check_staleness(staleness) -> int:
     if isinstance(staleness, bool) or not isinstance(staleness, (int, np.integer)) \
             or staleness < 0:
@@ -195,16 +208,18 @@ class BucketRunner:
             self.delivered = False
             return None
         slot, oldest = self._in_flight.popleft()
-        error = None
-        for req in oldest:
-            try:
-                req.wait()
-            except BaseException as e:      # raised on every rank alike
-                error = error or e
-        if error is not None:
-            raise error
+        _wait_all(oldest)
         self.delivered = True
         return slot
+
+    def discard_in_flight(self) -> int:
+        """Wait for the steps still in flight and drop their reduced gradients
+        (the end of training: with ``staleness`` the last ``s`` steps' are
+        never applied); returns how many steps that was."""
+        n = len(self._in_flight)
+        while self._in_flight:
+            _wait_all(self._in_flight.popleft()[1])
+        return n
 
     def _slot_arrays(self, slot: int) -> List[np.ndarray]:
         """Host copies of a slot's bucket storage (for :meth:`state_dict`)."""
@@ -250,9 +265,7 @@ class BucketRunner:
         self.reducer.load_state_dict(state["reducer"])
         self.dense_reducer.load_state_dict(state["dense"])
         if self.staleness:
-            for _, reqs in self._in_flight:
-                for req in reqs:
-                    req.wait()
+            self.discard_in_flight()
             self.steps = int(state["steps"])
             pending = state["pending"]
             self._in_flight.clear()

@@ -49,6 +49,7 @@ blocking calls would.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import queue
 import threading
@@ -159,6 +160,9 @@ def progress_thread() -> ProgressThread:
     with _thread_lock:
         if _thread is None:
             _thread = ProgressThread("hpccomm-progress")
+            # calls still running at exit would meet MPI_Finalize (registered
+            # earlier by mpi4py, so run later): finish them first
+            atexit.register(_thread.drain)
         return _thread
 
 

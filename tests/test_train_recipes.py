@@ -98,3 +98,12 @@ def test_time_to_accuracy_table():
     rows = {line.split("|")[1].strip(): line for line in out.splitlines() if line.startswith("| ")}
     assert "6.00×" in rows["onebit"] and "not reached" in rows["slow"]
     assert "0.9000" in table(runs, loss=False, tolerance=0.05).splitlines()[0]
+
+
+def test_lrgrid_refuses_staleness(capsys):
+    # its table is keyed by codec: a delayed run's rate would replace the codec's
+    from hpccomm.bench import lrgrid
+
+    with pytest.raises(SystemExit):
+        lrgrid.main(["--model", "cnn", "--staleness", "1"])
+    assert "--staleness" in capsys.readouterr().err

@@ -51,6 +51,8 @@ def main(argv=None) -> int:
     if args.meprop:
         # the table is keyed by codec: a meProp run's choice would replace fp32's
         p.error("lrgrid does not take --meprop (the table has no entry for it)")
+    if args.staleness:
+        p.error("lrgrid does not take --staleness (the table has no entry for it)")
     args.recipe = "paper"
     from mpi4py import MPI
 

@@ -257,6 +257,11 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
         t0 = time.perf_counter()
     test = evaluate(torch, net, data, data.test) if rank == 0 and diverged_at is None else None
     test = comm.bcast(test, root=0)
+    if reducer is not None:
+        try:                         # --staleness: the last S steps are never applied
+            reducer.discard_in_flight()
+        except NonFiniteError:       # a diverged run's steps in flight
+            pass
     digests = comm.allgather(torch_digest(net))
     result = {"history": history, "test": test, "diverged_at_step": diverged_at,
               "steps": step, "weights_identical": len(set(digests)) == 1, "digest": digests[0],

@@ -158,6 +158,10 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
                         "train_loss": float(local[0] / size),
                         "val": model.accuracy(data.x_val, data.y_val)})
         t_eval += time.perf_counter() - t_stop
+    try:                             # --staleness: the last S steps are never applied
+        buckets.discard_in_flight()
+    except hpccomm.NonFiniteError:   # a diverged run's steps in flight
+        pass
     digests = comm.allgather(model.digest())
     stats = np.array([buckets.bytes_sent + dense_all.bytes_sent,
                       buckets.reduce_time + dense_all.reduce_time, t_compute,
