@@ -197,13 +197,16 @@ class BucketRunner:
         """Steps started whose reduced gradient has not been delivered yet."""
         return len(self._in_flight)
 
-    def _advance(self, requests: List[Request]) -> Optional[int]:
+    def _push(self, requests: List[Request]) -> None:
         """Queue the requests of the step just started (in slot ``steps mod
-        slots``); once more than ``staleness`` steps are in flight, wait for
-        the oldest and return its slot -- the next step's -- else None.  Every
-        request of that step is waited for before an error is raised."""
+        slots``)."""
         self._in_flight.append((self.steps % self.slots, requests))
         self.steps += 1
+
+    def _pop_due(self) -> Optional[int]:
+        """Once more than ``staleness`` steps are in flight, wait for the
+        oldest and return its slot -- the next step's -- else None.  Every
+        request of that step is waited for before an error is raised."""
         if len(self._in_flight) <= self.staleness:
             self.delivered = False
             return None

@@ -92,19 +92,19 @@ class GradientBuckets(BucketRunner):
         flats = self._slots[self.steps % self.slots]
         for b, flat in zip(self.buckets, flats):
             self._fill(grads, b, flat)
-        requests = [self.start_bucket(i, flat) for i, flat in enumerate(flats)]
+        self._push([self.start_bucket(i, flat) for i, flat in enumerate(flats)])
         self._target = grads
-        self._delivering = self._advance(requests)
 
     def finish(self) -> bool:
         """Write the reduced values into the arrays given to :meth:`start`
         (after waiting for them): this step's, or with ``staleness`` those
         of ``staleness`` steps earlier.  Returns whether a reduced gradient
         was delivered (False, and zeros, in the first ``staleness`` steps)."""
-        grads, slot = self._target, self._delivering
+        grads = self._target
         if grads is None:
             raise RuntimeError("finish() without start()")
         self._target = None
+        slot = self._pop_due()
         if slot is None:
             for g in grads.values():
                 g[...] = 0

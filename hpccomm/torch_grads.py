@@ -233,7 +233,8 @@ class GradReducer(BucketRunner):
     def _deliver(self, requests) -> None:
         """This step's buckets are started: wait for those of ``staleness``
         steps ago and point every ``.grad`` at them (zeros while none is due)."""
-        slot = self._advance(requests)
+        self._push(requests)
+        slot = self._pop_due()
         nxt = self.steps % self.slots
         assert slot is None or slot == nxt
         self._use_slot(nxt)

@@ -3,6 +3,8 @@ gradient of step ``t - s``, equal bit for bit to what the synchronous path
 gives at step ``t - s`` (error feedback included), the same on every rank;
 nothing (zeros, ``delivered`` False) in the first ``s`` steps; its state
 survives a checkpoint."""
+import time
+
 import numpy as np
 import pytest
 
@@ -57,6 +59,35 @@ def test_numpy_delivers_the_synchronous_result_of_s_steps_ago(codec, algorithm, 
     assert stale.in_flight == staleness
     assert stale.discard_in_flight() == staleness and stale.in_flight == 0
     assert stale.reducer.stats.calls == sync.reducer.stats.calls
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_numpy_start_returns_before_the_reduction_completes(staleness):
+    """``start`` only starts: rank 0 returns from it (and says so) while rank 1
+    has not joined the reduction yet."""
+    from mpi4py import MPI
+
+    b = numpy_buckets("onebit", "twoshot", staleness)
+    b.reduce(step_grads(0))                # the reducers' communicators exist
+    arrived = True
+    if RANK == 0:
+        b.start(step_grads(1))
+        COMM.send("started", dest=1, tag=77)
+    elif RANK == 1:
+        deadline = time.monotonic() + 10
+        while not COMM.Iprobe(source=0, tag=77) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        arrived = COMM.Iprobe(source=0, tag=77)
+        b.start(step_grads(1))
+        if arrived:
+            COMM.recv(source=0, tag=77)
+    else:
+        b.start(step_grads(1))
+    b.finish()
+    assert COMM.allreduce(arrived, op=MPI.LAND), "start() waited for the reduction"
+    if RANK == 1 and not arrived:
+        COMM.recv(source=0, tag=77)
 
 
 def test_numpy_state_dict_carries_the_steps_in_flight():
