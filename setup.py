@@ -21,7 +21,11 @@ TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
         # the digits dataset for the short training tests
         "scikit-learn",
         # the plot command's test
-        "matplotlib"]
+        "matplotlib",
+        # NVIDIA's numba.cuda (numba's own is deprecated), the one the gpu extra installs:
+        # the device-path tests run on its simulator, and tests/test_cuda_compile.py
+        # compiles every kernel to PTX with its compiler ([cu13]: NVVM and NVRTC from PyPI)
+        "numba-cuda[cu13]>=0.30"]
 
 setup(
     name="hpccomm",

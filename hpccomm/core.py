@@ -9,7 +9,7 @@ import numpy as np
 from mpi4py import MPI
 
 from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_bf16_bits,
-                      resolve_gpu_aware)
+                      placement_of, resolve_gpu_aware)
 from .codecs.base import Codec, get_codec, own_algorithm
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.mpi import device_allreduce
@@ -93,8 +93,9 @@ class Allreducer:
         #: MPI_Allreduce of a host array (see :meth:`_lean_call`)
         self._lean: Dict[str, _Lean] = {}
         self._staging = HostStaging()
-        #: the device pipeline (made on the first device call that can use it)
-        self._device: Optional[DevicePath] = None
+        #: the device pipelines, by GPU ordinal (made on the first device call
+        #: on that GPU that can use one)
+        self._device: Dict[int, DevicePath] = {}
         self._comm: Optional[MPI.Comm] = None
         self.codec: Optional[Codec] = None
         self.algorithm: Optional[Algorithm] = None
@@ -145,12 +146,18 @@ class Allreducer:
 
     # ------------------------------------------------------------------ state
     def state_dict(self) -> dict:
-        """This rank's state: per key, the step count and the residuals.
+        """This rank's state: per key, the step count and the residuals (as
+        host arrays; residuals kept on a GPU are copied once its pipeline's
+        last call is done).
 
         Residuals differ between ranks: every rank saves and loads its own."""
         requests.drain()
+        keys = {}
+        for key, state in self._states.items():
+            gpu = state.cache.get("device")
+            keys[key] = state.state_dict(None if gpu is None else self._device[gpu].to_host)
         return {"format": 1, "config": self.describe(), "rank": self.rank, "size": self.size,
-                "keys": {k: s.state_dict() for k, s in self._states.items()}}
+                "keys": keys}
 
     def load_state_dict(self, state: dict) -> None:
         """Load what :meth:`state_dict` saved on this rank, with this reducer's
@@ -191,7 +198,7 @@ class Allreducer:
         self._states.clear()
         self._lean.clear()
         self._staging = HostStaging()
-        self._device = None
+        self._device = {}
 
     def __enter__(self):
         return self
@@ -200,8 +207,8 @@ class Allreducer:
         self.close()
 
     # ------------------------------------------------------------------ call
-    def _prepare(self, x, out, key, layout=None):
-        buf = as_buffer(x)
+    def _prepare(self, x, out, key, layout=None, where=None):
+        buf = as_buffer(x, where)
         if buf.dtype not in self.codec.input_dtypes:
             raise TypeError(f"codec {self.codec.name!r} does not take {buf.dtype} input "
                             f"(takes {', '.join(self.codec.input_dtypes)})")
@@ -215,22 +222,29 @@ class Allreducer:
             raise ValueError(f"key {key!r} names a tensor of {known.n} elements, this call has "
                              f"{buf.size} (its residuals and step count belong to the first): "
                              f"use another key, or reset({key!r}) first")
+        if (buf.on_device and known is not None
+                and known.cache.get("device", buf.where.device) != buf.where.device):
+            raise ValueError(f"key {key!r} keeps its residuals on GPU {known.cache['device']}, "
+                             f"this call's input is on GPU {buf.where.device}: use another key "
+                             f"per GPU, or reset({key!r}) first")
         obuf = None
         if out is not None:
-            obuf = as_buffer(out)
+            obuf = as_buffer(out, buf.where)
             if obuf.size != buf.size or obuf.dtype != buf.dtype or obuf.on_device != buf.on_device:
                 raise ValueError(f"out has {obuf.size} {obuf.dtype} elements "
                                  f"({'device' if obuf.on_device else 'host'}), input has "
                                  f"{buf.size} {buf.dtype} ({'device' if buf.on_device else 'host'})")
+            gpu = obuf.backend.placement(obuf.device).device if obuf.on_device else None
+            if gpu is not None and gpu != buf.where.device:
+                raise ValueError(f"out is on GPU {gpu}, the input on GPU {buf.where.device}")
             if not obuf.on_device and not obuf.host.flags.writeable:
                 raise ValueError("out is read-only")
         if layout is not None:
             layout = check_layout(layout, buf.size)
         defer = self._defers_check(buf)
         if self._scans_input(buf, defer) and buf.size:
-            if buf.on_device:
-                buf.backend.synchronize(buf.device)
-                bad = buf.backend.count_nonfinite(buf.device, buf.size, buf.dtype)
+            if buf.on_device:      # ordered on the input's stream; the count comes back
+                bad = buf.backend.count_nonfinite(buf.device, buf.size, buf.dtype, buf.where)
             else:
                 bad = count_nonfinite(np.ascontiguousarray(buf.host),
                                       bfloat16=buf.dtype == "bfloat16")
@@ -249,13 +263,12 @@ class Allreducer:
     @staticmethod
     def _host_copy(buf: Buffer) -> np.ndarray:
         """A host copy of device input ``buf``, widened to float32."""
-        buf.backend.synchronize(buf.device)
         if buf.dtype == "bfloat16":
             bits = np.empty(buf.size, np.uint16)
-            buf.backend.to_host(buf.device, bits)
+            buf.backend.to_host(buf.device, bits, buf.where)
             return bf16_bits_to_f32(bits)
         host = np.empty(buf.size, np.dtype(buf.dtype))
-        buf.backend.to_host(buf.device, host)
+        buf.backend.to_host(buf.device, host, buf.where)
         return host
 
     def _scans_input(self, buf: Buffer, deferred: bool) -> bool:
@@ -296,7 +309,8 @@ class Allreducer:
         requests.drain()
         return self._call(x, key, out, layout)
 
-    def _call(self, x: Any, key: Optional[str], out: Any, layout: Any = None) -> Any:
+    def _call(self, x: Any, key: Optional[str], out: Any, layout: Any = None,
+              where: Any = None) -> Any:
         if key is not None and type(x) is np.ndarray and layout is None:
             lean = self._lean.get(key)
             if lean is not None and x.shape == lean.shape and x.dtype == lean.dtype:
@@ -307,7 +321,7 @@ class Allreducer:
         err = self.config_error
         prepared = None
         if err is None:
-            prepared, err = check_local(self._prepare, x, out, key, layout)
+            prepared, err = check_local(self._prepare, x, out, key, layout, where)
         first = key is None or key not in self._states
         deferred = None
         if self.check == "always" or first or self._comm is None:
@@ -339,7 +353,8 @@ class Allreducer:
         ctx = ReduceContext(net=Transport(self._comm, call), memory=self.memory,
                             seed=self.seed, step=state.step, shape=buf.shape, layout=layout,
                             key=key,
-                            fused=self.fused, finite=self._scans_input(buf, defers), agree=deferred)
+                            fused=self.fused, finite=self._scans_input(buf, defers), agree=deferred,
+                            where=buf.where)
         if buf.on_device:
             result = self._reduce_device(buf, obuf, state, ctx)
         else:
@@ -358,11 +373,15 @@ class Allreducer:
         """Start reducing ``x``; return a :class:`~hpccomm.requests.Request`
         whose ``wait()`` gives what ``self(x, key, out=out)`` gives, bit for
         bit (see :mod:`hpccomm.requests`).  ``x`` (and ``out``) must not be
-        touched until then.  Every rank starts the same keys in the same order."""
+        touched until then.  Every rank starts the same keys in the same order.
+
+        Device input is reduced on the stream that is current for it here, on
+        the caller's thread (the progress thread has streams of its own)."""
         request = Request(key)
+        where = placement_of(x)
         if MPI.Query_thread() < MPI.THREAD_MULTIPLE:   # no thread may call MPI: run it now
             try:
-                request._finish(self._call_checked(x, key, out, layout), None)
+                request._finish(self._call_checked(x, key, out, layout, where), None)
             except Exception as exc:  # noqa: BLE001 -- raised by wait(), as the thread would
                 request._finish(None, exc)
             return request
@@ -372,16 +391,17 @@ class Allreducer:
             requests.drain()
             self._comm = private_comm(self.parent)
             threads.fit_to_node(ranks_on_node(self._comm))
-        requests.progress_thread().submit(request,
-                                          functools.partial(self._call_checked, x, key, out, layout))
+        requests.progress_thread().submit(
+            request, functools.partial(self._call_checked, x, key, out, layout, where))
         return request
 
-    def _call_checked(self, x: Any, key: Optional[str], out: Any, layout: Any = None) -> Any:
+    def _call_checked(self, x: Any, key: Optional[str], out: Any, layout: Any = None,
+                      where: Any = None) -> Any:
         """A started call: the start order agreed first (unless the call's own
         agreement covers it, or ``check="never"``), then the blocking call."""
         if self.check == "first" and self.config_error is None:
             agree(self.comm, f"start key={key!r} n={_length(x)}")
-        return self._call(x, key, out, layout)
+        return self._call(x, key, out, layout, where)
 
     # ------------------------------------------------------------------ lean path
     def _remember_lean(self, key, x, buf, state, call, desc) -> None:
@@ -466,15 +486,16 @@ class Allreducer:
         else dense device memory straight to CUDA-aware MPI; else the whole
         gradient staged through host memory (``extra["staged"] =
         "gradient"``, with the reason in ``extra["device"]``)."""
-        backend, call = buf.backend, ctx.call
-        result_dev = obuf.device if obuf is not None else backend.empty_like(buf.device)
+        backend, call, where = buf.backend, ctx.call, buf.where
+        result_dev = obuf.device if obuf is not None else backend.empty_like(buf.device, where)
         path, reason = self._device_path(buf)
         choice = path.choice(buf.size, state, ctx) if path is not None else None
         if choice in DEVICE_ALGORITHMS:
-            path.reduce(buf.device, result_dev, backend, state, ctx, choice, self.op == "mean")
+            path.reduce(buf.device, result_dev, state, ctx, choice, self.op == "mean")
+            state.cache["device"] = where.device        # where the key's residuals live
         elif (self.gpu_aware and buf.dtype in self.algorithm.dtypes
               and (self.algorithm.supports_device or choice == "dense")):
-            backend.synchronize(buf.device)
+            backend.synchronize(buf.device, where)      # MPI reads what the stream wrote
             call.nbytes = buf.size * np.dtype(buf.dtype).itemsize
             if self.algorithm.supports_device:
                 self.algorithm.reduce_device(buf.device, result_dev, backend, state, ctx)
@@ -482,14 +503,13 @@ class Allreducer:
                 call.extra["auto"] = "dense"
                 device_allreduce(buf.device, result_dev, backend, ctx)
             if self.op == "mean" and self.size > 1:
-                backend.divide(result_dev, self.size)
+                backend.divide(result_dev, self.size, where)
         else:
-            backend.synchronize(buf.device)
             itemsize = 2 if buf.dtype == "bfloat16" else np.dtype(buf.dtype).itemsize
             host_dtype = np.uint16 if buf.dtype == "bfloat16" else np.dtype(buf.dtype)
             host_in = self._staging.get("in", buf.size * itemsize, backend).view(host_dtype)
             with call.time("comm"):  # staging is data movement; counted as communication
-                backend.to_host(buf.device, host_in)
+                backend.to_host(buf.device, host_in, where)        # complete on return
             hbuf = Buffer(obj=None, kind="numpy", shape=buf.shape, dtype=buf.dtype, size=buf.size,
                           host=host_in)
             host_out = self._staging.get("out", buf.size * itemsize, backend).view(host_dtype)
@@ -497,7 +517,7 @@ class Allreducer:
                                size=buf.size, host=host_out)
             self._reduce_host(hbuf, obuf_host, host_in, state, ctx)
             with call.time("comm"):
-                backend.from_host(host_out, result_dev)
+                backend.from_host(host_out, result_dev, where)     # complete on return
             call.extra.update(staged="gradient", staged_d2h=host_in.nbytes,
                               staged_h2d=host_out.nbytes,
                               device=reason or f"auto chose {choice!r}")
@@ -507,15 +527,17 @@ class Allreducer:
 
     def _device_path(self, buf: Buffer):
         """``(DevicePath, "")`` when this call may run on the device, else
-        ``(None, why not)``; the path is made once per reducer."""
+        ``(None, why not)``; a path is made once per reducer and GPU."""
         if not buf.backend.device_kernels:
             return None, f"device backend {buf.backend.name!r} runs no hpccomm kernels"
         reason = why_not_on_device(self.algorithm, self.codec, self.memory, buf.dtype)
         if reason:
             return None, reason
-        if self._device is None:
-            self._device = DevicePath(self.algorithm, self.codec, self._staging, self.gpu_aware)
-        return self._device, ""
+        path = self._device.get(buf.where.device)
+        if path is None:
+            path = self._device[buf.where.device] = DevicePath(
+                self.algorithm, self.codec, HostStaging(), self.gpu_aware, buf.backend)
+        return path, ""
 
 
 def allreduce(x: Any, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",

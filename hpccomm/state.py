@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Callable, Dict, Optional
 
 import numpy as np
 
@@ -25,12 +25,16 @@ class KeyState:
     #: per slot, the buffer the next ``v = g + e`` is written to (swapped with
     #: the residual when the memory is updated); not saved by state_dict
     spares: Dict[str, np.ndarray] = field(default_factory=dict)
-    #: algorithm caches (e.g. routing tables); not saved by state_dict
+    #: algorithm caches (e.g. routing tables; ``"device"``: the GPU that holds
+    #: the key's device residuals); not saved by state_dict
     cache: Dict[str, object] = field(default_factory=dict)
 
-    def state_dict(self) -> dict:
+    def state_dict(self, to_host: Optional[Callable[[object], np.ndarray]] = None) -> dict:
+        """The step, ``n`` and copies of the residuals as host arrays;
+        ``to_host(a)`` copies those kept in device memory."""
         return {"step": self.step, "n": self.n,
-                "residuals": {k: v.copy() for k, v in self.residuals.items()}}
+                "residuals": {k: v.copy() if isinstance(v, np.ndarray) else to_host(v)
+                              for k, v in self.residuals.items()}}
 
     @classmethod
     def from_state_dict(cls, d: dict) -> "KeyState":

@@ -1,12 +1,21 @@
 """Test configuration.  MPI tests carry ``@pytest.mark.mpi`` (pytest-mpi) and
 run under ``mpiexec ... pytest --with-mpi``; tests also marked ``wide`` run at
-6, 7 and 8 ranks as well.  See tests/run.py."""
+6, 7 and 8 ranks as well.  See tests/run.py.  Under numba's CUDA simulator
+(``NUMBA_ENABLE_CUDASIM=1``) the harness of ``tests/cudasim.py`` is
+installed first, so that the simulator binds kernels, exposes arrays and
+takes streams as a GPU does."""
+import os
 
 
 def pytest_configure(config):
+    if os.environ.get("NUMBA_ENABLE_CUDASIM") == "1":
+        from tests.cudasim import install
+
+        install()
     config.addinivalue_line("markers", "wide: MPI test that also runs at 6, 7 and 8 ranks")
     config.addinivalue_line("markers", "slow: MPI test run once, at 2 ranks (large memory)")
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU (numba.cuda finds one); skips "
                             "without")
     config.addinivalue_line("markers", "cudasim: MPI test of the device path, run under numba's "
-                            "CUDA simulator (NUMBA_ENABLE_CUDASIM=1) at 1 and 3 ranks")
+                            "CUDA simulator (NUMBA_ENABLE_CUDASIM=1) at 1 and 3 ranks (and at 5 "
+                            "when also marked wide)")

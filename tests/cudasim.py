@@ -1,33 +1,230 @@
-"""Running a check in a fresh interpreter under numba's CUDA simulator.
+"""numba's CUDA simulator, made to behave like a GPU where hpccomm's device
+code could tell the difference, and a way to run checks on it.
 
 ``NUMBA_ENABLE_CUDASIM`` must be set before numba is imported, so the
-simulator tests (``tests/test_cuda_*.py``) run each check function in a
-subprocess with it set, and skip when the simulator cannot start here.
+simulator tests run in processes that have it set: each check function of
+``tests/test_cuda_*.py`` in a fresh interpreter (:func:`run_check`), the
+MPI tests marked ``cudasim`` under ``tests/run.py`` (``conftest.py``
+installs the harness there), and ``./dev.sh gpu --simulate``, which runs
+the benchmarks through ``python tests/cudasim.py -m MODULE ARGS``.
+
+:func:`install` closes the gaps between the simulator and a GPU that hid
+real failures:
+
+* **Kernels bind like dispatchers.**  A real ``CUDADispatcher`` has
+  ``__get__``: stored as a class attribute and read from an instance it
+  becomes a bound method, which cannot be configured for a launch.  The
+  simulator's ``FakeCUDAKernel`` had none, so every simulator test passed
+  while every dense twin failed on an H100.  It gets the dispatcher's
+  ``__get__`` here.
+* **Host-side arrays have only a device array's attributes.**  The
+  simulator's ``FakeCUDAArray`` hands any attribute it lacks to the numpy
+  array behind it (``.copy()``, ``.sum()`` ...), which numba's
+  ``DeviceNDArray`` does not have.  Outside a kernel, an attribute that
+  :data:`DEVICE_ARRAY_API` (numba's ``DeviceNDArray``, checked against the
+  real class by ``tests/test_cuda_harness.py``) does not list raises.
+* **Streams exist and are recorded.**  The simulator ignores the stream of
+  a launch and has no external streams.  Here ``cuda.external_stream(h)``
+  gives a :class:`SimStream` with handle ``h``, and every launch, copy and
+  allocation notes the stream it was given while :func:`record_streams` is
+  active, and so does every event recorded on a stream or waited for by one
+  (``"event record"``, ``"event wait"``), so a test can demand that a call ran
+  all of its work on the stream of its input, after what it had to wait for.
+
+* **A block's shared arrays are one array.**  The simulator makes a shared
+  array on the first call of ``cuda.shared.array`` from a source line with a
+  check-then-set that two threads of the block can both pass, each then
+  working on an array of its own; here the allocation is atomic.  (The
+  simulator's threads used to switch only every 5 ms, which hid it.)
+
+It also makes the simulator fast enough to use: numba-cuda's simulator takes
+a lock around every call of a device function, and with Python's default
+5 ms thread switch interval the threads of a block that wait for it queue
+behind the block manager's polling loop (a kernel of eight threads ran 60
+times slower than with the lock-free simulator of numba's own numba.cuda);
+threads switch every 10 µs here.
 """
+import contextlib
 import functools
 import os
+import runpy
 import subprocess
 import sys
+import types
 
-import pytest
+import numpy as np
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ENV = {**os.environ, "NUMBA_ENABLE_CUDASIM": "1"}
 
+#: what numba's ``DeviceNDArray`` offers on the host: its public class
+#: attributes and the attributes its ``__init__`` sets
+DEVICE_ARRAY_API = frozenset([
+    "T", "as_cuda_arg", "bind", "copy_to_device", "copy_to_host", "device_ctypes_pointer",
+    "flags", "get_ipc_handle", "getitem", "is_c_contiguous", "is_f_contiguous", "nbytes",
+    "ravel", "reshape", "setitem", "split", "squeeze", "transpose", "view",
+    "alloc_size", "dtype", "gpu_data", "ndim", "shape", "size", "stream", "strides",
+])
 
-@functools.lru_cache(maxsize=None)
+#: the streams recorded by :func:`record_streams` (None: not recording)
+_RECORD = [None]
+
+
+class SimStream:
+    """An external stream in the simulator: it only has a handle (work runs
+    at once, in order, as on the simulator's other streams)."""
+
+    def __init__(self, handle):
+        self.handle = int(handle)
+
+    def synchronize(self):
+        pass
+
+    @contextlib.contextmanager
+    def auto_synchronize(self):
+        yield
+
+    def __repr__(self):
+        return f"<SimStream {self.handle:#x}>"
+
+
+@contextlib.contextmanager
+def record_streams():
+    """Collect ``(what, stream)`` of every launch, copy and allocation in the
+    ``with`` block; yields the list."""
+    log = []
+    _RECORD[0] = log
+    try:
+        yield log
+    finally:
+        _RECORD[0] = None
+
+
+def _note(what, stream):
+    if _RECORD[0] is not None:
+        _RECORD[0].append((what, stream))
+
+
+def install() -> None:
+    """Patch the simulator as the module docstring says (once per process)."""
+    from numba import config, cuda
+
+    assert config.ENABLE_CUDASIM, "the harness patches numba's simulator: NUMBA_ENABLE_CUDASIM=1"
+    from numba.cuda.simulator import kernel as K
+    from numba.cuda.simulator import kernelapi
+    from numba.cuda.simulator.cudadrv import devicearray as D
+
+    kernel_cls, array_cls = K.FakeCUDAKernel, D.FakeCUDAArray
+    if getattr(kernel_cls, "_hpccomm_harness", False):
+        return
+    kernel_cls._hpccomm_harness = True
+    sys.setswitchinterval(1e-5)
+
+    def __get__(self, obj, objtype=None):       # numba's _DispatcherBase.__get__
+        return self if obj is None else types.MethodType(self, obj)
+
+    kernel_cls.__get__ = __get__
+
+    configure = kernel_cls.__getitem__
+
+    def __getitem__(self, launch):
+        _note(f"launch {getattr(self.fn, '__name__', '?')}", launch[2] if len(launch) > 2 else 0)
+        return configure(self, launch)
+
+    kernel_cls.__getitem__ = __getitem__
+
+    delegate = array_cls.__getattr__
+
+    def __getattr__(self, name):
+        if K._kernel_context is None and not name.startswith("__") \
+                and name not in DEVICE_ARRAY_API:
+            raise AttributeError(f"numba's DeviceNDArray has no attribute {name!r} (the "
+                                 f"simulator's array would take it from numpy)")
+        return delegate(self, name)
+
+    array_cls.__getattr__ = __getattr__
+
+    def recorded(what, fn, position):
+        @functools.wraps(fn)
+        def wrapper(*args, **kwargs):
+            stream = kwargs.get("stream", args[position] if len(args) > position else 0)
+            _note(what, stream)
+            return fn(*args, **kwargs)
+        return wrapper
+
+    array_cls.copy_to_host = recorded("copy_to_host", array_cls.copy_to_host, 2)
+    array_cls.copy_to_device = recorded("copy_to_device", array_cls.copy_to_device, 2)
+    cuda.to_device = recorded("to_device", cuda.to_device, 1)
+    allocate = cuda.device_array
+
+    @functools.wraps(allocate)
+    def device_array(*args, **kwargs):
+        _note("device_array", kwargs.get("stream", 0))
+        return allocate(*args, **kwargs)
+
+    cuda.device_array = device_array
+    cuda.external_stream = SimStream
+
+    class Event(cuda.event):
+        def record(self, stream=0):
+            _note("event record", stream)
+            return super().record(stream)
+
+        def wait(self, stream=0):
+            _note("event wait", stream)
+            return super().wait(stream)
+
+    cuda.event = Event
+
+    allocate_shared = kernelapi.FakeCUDAShared.array
+
+    def shared_array(self, shape, dtype, alignment=None):
+        if shape == 0 or alignment is not None:     # dynamic shared memory, or refused
+            return allocate_shared(self, shape, dtype, alignment)
+        if isinstance(dtype, kernelapi.types.Type):  # numba's int64 ..., as the simulator does
+            dtype = kernelapi.numpy_support.as_dtype(dtype)
+        frame = sys._getframe(1)                      # the kernel's line, as the simulator keys it
+        caller = (frame.f_code.co_filename, frame.f_lineno)
+        return self._allocations.setdefault(caller, np.empty(shape, dtype))
+
+    kernelapi.FakeCUDAShared.array = shared_array
+
+
 def simulator_missing() -> str:
     """Why the simulator cannot run here, or '' when it can."""
-    probe = subprocess.run([sys.executable, "-c", "from numba import cuda; cuda.to_device"],
+    return _simulator_missing(sys.executable)
+
+
+@functools.lru_cache(maxsize=None)
+def _simulator_missing(python) -> str:
+    probe = subprocess.run([python, "-c", "from numba import cuda; cuda.to_device"],
                            env=ENV, capture_output=True, text=True, timeout=120)
     return "" if probe.returncode == 0 else probe.stderr.strip()[-200:]
 
 
 def run_check(module: str, check: str, timeout: int = 300) -> None:
-    """Run ``tests.<module>.<check>()`` on the simulator; fail with its output."""
+    """Run ``tests.<module>.<check>()`` on the simulator, with the harness
+    installed; fail with its output."""
+    import pytest
+
     if simulator_missing():
         pytest.skip(f"numba.cuda simulator unavailable: {simulator_missing()}")
-    proc = subprocess.run([sys.executable, "-c", f"from tests.{module} import {check}; "
-                           f"{check}()"], cwd=ROOT, env=ENV, capture_output=True, text=True,
-                          timeout=timeout)
+    proc = subprocess.run([sys.executable, "-c", "from tests.cudasim import install; install(); "
+                           f"from tests.{module} import {check}; {check}()"],
+                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def main(argv) -> None:
+    """``python tests/cudasim.py -m MODULE ARGS...``: run a module as
+    ``python -m`` would, on the simulator with the harness installed."""
+    if len(argv) < 2 or argv[0] != "-m":
+        raise SystemExit("usage: NUMBA_ENABLE_CUDASIM=1 python tests/cudasim.py -m MODULE ARGS...")
+    install()
+    sys.argv = [argv[1]] + list(argv[2:])
+    runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, ROOT)
+    main(sys.argv[1:])

@@ -9,8 +9,6 @@ import hashlib
 import numpy as np
 from mpi4py import MPI
 
-import hpccomm
-
 COMM = MPI.COMM_WORLD
 RANK = COMM.Get_rank()
 SIZE = COMM.Get_size()
@@ -60,56 +58,3 @@ def exact_sum(n, seed=0, integers=False, nranks=SIZE):
     return total
 
 
-class FakeDeviceArray:
-    """Host memory dressed as a CUDA array (``__cuda_array_interface__`` v3),
-    the way mpi4py's own test suite exercises its GPU paths without a GPU."""
-
-    def __init__(self, host: np.ndarray, stream=None):
-        self.host = host
-        self.stream = stream
-        self.synced = 0
-
-    @property
-    def __cuda_array_interface__(self):
-        return {"shape": self.host.shape, "typestr": self.host.dtype.str,
-                "data": (self.host.ctypes.data, False), "version": 3, "strides": None,
-                "stream": self.stream}
-
-
-class FakeDeviceBackend(hpccomm.DeviceBackend):
-    """Device operations for :class:`FakeDeviceArray` (plain host copies)."""
-
-    name = "fake"
-
-    def __init__(self):
-        self.to_host_calls = 0
-        self.from_host_calls = 0
-        self.pinned = []
-
-    def matches(self, obj):
-        return isinstance(obj, FakeDeviceArray)
-
-    def synchronize(self, obj):
-        obj.synced += 1
-
-    def to_host(self, obj, out):
-        self.to_host_calls += 1
-        out[...] = obj.host.reshape(-1)
-
-    def from_host(self, host, obj):
-        self.from_host_calls += 1
-        obj.host.reshape(-1)[...] = host
-
-    def empty_like(self, obj):
-        return FakeDeviceArray(np.empty_like(obj.host))
-
-    def copy(self, src, dst):
-        dst.host[...] = src.host
-
-    def divide(self, obj, divisor):
-        obj.host /= obj.host.dtype.type(divisor)
-
-    def pinned_empty(self, nbytes):
-        buf = np.empty(nbytes, dtype=np.uint8)
-        self.pinned.append(buf)
-        return buf

@@ -2,7 +2,7 @@
 """Run hpccomm's whole test suite: plain pytest, then the MPI tests under
 ``mpiexec -n K`` for several rank counts (and the tests marked ``wide`` at
 6, 7 and 8 ranks too; the tests marked ``cudasim`` at 1 and 3 ranks
-under numba's CUDA simulator), then the tests marked ``slow`` (messages beyond 2 GiB)
+under numba's CUDA simulator, and those also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond 2 GiB)
 once, at 2 ranks.
 
     python tests/run.py [--ranks 1,2,3,4,5] [--wide-ranks 6,7,8] [--slow-ranks 2]
@@ -75,8 +75,9 @@ def main():
     ap.add_argument("--ranks", default=os.environ.get("HPCCOMM_TEST_RANKS", "1,2,3,4,5"),
                     help="comma-separated rank counts for the MPI tests (default 1,2,3,4,5)")
     ap.add_argument("--cudasim-ranks", default=os.environ.get("HPCCOMM_TEST_CUDASIM_RANKS",
-                                                               "1,3"),
-                    help="rank counts of the device-path tests under numba's CUDA simulator")
+                                                               "1,3,5"),
+                    help="rank counts of the device-path tests under numba's CUDA simulator "
+                         "(beyond 4 ranks only those also marked 'wide')")
     ap.add_argument("--wide-ranks", default=os.environ.get("HPCCOMM_TEST_WIDE_RANKS", "6,7,8"),
                     help="rank counts for the tests marked 'wide' (default 6,7,8)")
     ap.add_argument("--slow-ranks", default=os.environ.get("HPCCOMM_TEST_SLOW_RANKS", "2"),
@@ -111,8 +112,9 @@ def main():
         results.append((label,) + run(label, cmd, args.timeout, env))
     for k in [int(v) for v in args.cudasim_ranks.split(",") if v.strip()]:
         label = f"cudasim-n{k}"
+        wide = " and wide" if k > 4 else ""      # beyond 4 ranks only what needs them
         cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
-               *base, "-m", "mpi and cudasim and not slow", "--with-mpi"]
+               *base, "-m", f"mpi and cudasim{wide} and not slow", "--with-mpi"]
         results.append((label,) + run(label, cmd, args.timeout,
                                       {**env, "NUMBA_ENABLE_CUDASIM": "1"}))
     for k in [int(v) for v in args.wide_ranks.split(",") if v.strip()]:

@@ -5,8 +5,9 @@ import pytest
 
 import hpccomm
 from hpccomm.buffers import bf16_bits_to_f32, f32_to_bf16_bits
+from hpccomm.buffers.host_device import HostDeviceArray, HostDeviceBackend
 
-from .helpers import (COMM, RANK, SIZE, FakeDeviceArray, FakeDeviceBackend, exact_sum,
+from .helpers import (COMM, RANK, SIZE, exact_sum,
                       rank_data, same_on_all_ranks)
 
 pytestmark = pytest.mark.mpi
@@ -138,10 +139,10 @@ def test_cuda_array_interface_buffers(gpu_aware, op):
     """Objects with __cuda_array_interface__ go to MPI directly (gpu_aware on)
     or through reused host staging buffers (off); the producing stream is
     synchronized first."""
-    backend = FakeDeviceBackend()
+    backend = HostDeviceBackend()
     hpccomm.register_device_backend(backend)
     try:
-        x = FakeDeviceArray(rank_data(33, integers=True).reshape(3, 11), stream=7)
+        x = HostDeviceArray(rank_data(33, integers=True).reshape(3, 11), stream=7)
         r = hpccomm.Allreducer(gpu_aware=gpu_aware, op=op)
         res = r(x, key="g")
         res_again = r(x, key="g")
@@ -150,7 +151,7 @@ def test_cuda_array_interface_buffers(gpu_aware, op):
     expected = exact_sum(33, integers=True).astype(np.float32).reshape(3, 11)
     if op == "mean":
         expected /= np.float32(SIZE)
-    assert isinstance(res, FakeDeviceArray)
+    assert isinstance(res, HostDeviceArray)
     np.testing.assert_array_equal(res.host, expected)
     np.testing.assert_array_equal(res_again.host, expected)
     assert x.synced == 2

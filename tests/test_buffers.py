@@ -7,9 +7,9 @@ import pytest
 
 from hpccomm.bench.harness import parse_range, parse_size, sizes_from
 from hpccomm.buffers import (as_buffer, bf16_bits_to_f32, f32_to_bf16_bits, resolve_gpu_aware)
+from hpccomm.buffers.host_device import HostDeviceArray, HostDeviceBackend
 from hpccomm.validation import _ranges, description_hash, explain_mismatch
 
-from .helpers import FakeDeviceArray, FakeDeviceBackend
 
 
 @pytest.mark.parametrize("shape", [(), (0,), (1,), (7,), (3, 4), (2, 3, 5)])
@@ -42,19 +42,19 @@ def test_other_objects_are_refused():
 
 def test_cuda_array_interface_needs_a_backend():
     with pytest.raises(TypeError, match="no device backend"):
-        as_buffer(FakeDeviceArray(np.zeros(3, np.float32)))
+        as_buffer(HostDeviceArray(np.zeros(3, np.float32)))
 
 
 def test_cuda_array_interface_strides_checked():
     import hpccomm
 
-    backend = FakeDeviceBackend()
+    backend = HostDeviceBackend()
     hpccomm.register_device_backend(backend)
     try:
-        good = as_buffer(FakeDeviceArray(np.zeros((2, 3), np.float32)))
+        good = as_buffer(HostDeviceArray(np.zeros((2, 3), np.float32)))
         assert good.on_device and good.shape == (2, 3) and good.size == 6
 
-        class Strided(FakeDeviceArray):
+        class Strided(HostDeviceArray):
             @property
             def __cuda_array_interface__(self):
                 d = dict(super().__cuda_array_interface__)

@@ -1,10 +1,12 @@
 """The device path (:mod:`hpccomm.collectives.on_device`) through every codec
 with a device twin and both device algorithms, under numba's CUDA simulator.
 
-Run by ``tests/run.py`` as its ``cudasim-nK`` runs (K = 1, 3) (``mpiexec -n K`` with
-``NUMBA_ENABLE_CUDASIM=1``, marker ``cudasim``); elsewhere these tests skip.
-The "device" is host memory dressed as a CUDA array (:class:`SimDevice`),
-which the simulator's kernels read and write in place, so the whole path runs:
+Run by ``tests/run.py`` as its ``cudasim-nK`` runs (``mpiexec -n K`` with
+``NUMBA_ENABLE_CUDASIM=1``, marker ``cudasim``): all of them at K = 1 and 3,
+those also marked ``wide`` at K = 5; elsewhere these tests skip.
+The "device" is host memory dressed as a CUDA array
+(:mod:`hpccomm.buffers.host_device`, with ``device_kernels=True``), which
+the simulator's kernels read and write in place, so the whole path runs:
 twin kernels, packet staging (or device buffers handed to MPI with
 ``gpu_aware="on"``), owner step, decode.  Every result is compared bit for
 bit with the host path of the same reducer configuration on the same data,
@@ -19,9 +21,10 @@ import numpy as np
 import pytest
 
 import hpccomm
+from hpccomm.buffers.host_device import HostDeviceArray, HostDeviceBackend
 from hpccomm.errors import NonFiniteError
 
-from .helpers import COMM, RANK, SIZE, FakeDeviceArray, FakeDeviceBackend, digest, \
+from .helpers import COMM, RANK, SIZE, digest, \
     raise_everywhere, rank_data
 
 SIM = os.environ.get("NUMBA_ENABLE_CUDASIM") == "1"
@@ -42,17 +45,9 @@ PARAMS = {"topk": {"ratio": 0.1}, "dgc": {"ratio": 0.1}, "randk": {"ratio": 0.1}
           "threshold": {"max_ratio": 0.25}, "adaptive": {}, "qsgd": {"bits": 4, "bucket": 64}}
 
 
-class SimDevice(FakeDeviceBackend):
-    """:class:`FakeDeviceBackend` whose arrays the simulator's kernels may
-    use: every copy of the gradient it is asked for is counted."""
-
-    name = "sim"
-    device_kernels = True
-
-
 @pytest.fixture
 def backend():
-    b = SimDevice()
+    b = HostDeviceBackend(device_kernels=True)     # counts every copy of the gradient
     hpccomm.register_device_backend(b)
     yield b
     hpccomm.unregister_device_backend(b)
@@ -95,7 +90,7 @@ def test_device_path_matches_host(backend, codec, algorithm):
         n = int(np.prod(shape))
         x = rank_data(n, seed=step).reshape(shape)
         want = host(x.copy(), key="g")
-        got = dev(FakeDeviceArray(x.copy()), key="g")
+        got = dev(HostDeviceArray(x.copy()), key="g")
         extra = dict(dev.stats.last.extra)
         ok = np.array_equal(want.view(np.uint32), got.host.view(np.uint32))
         everyone = COMM.allgather((ok, digest(got.host)))
@@ -122,7 +117,7 @@ def test_gpu_aware_device_buffers_to_mpi(backend, codec):
     for step in range(2):
         x = rank_data(150, seed=10 + step)
         want = host(x.copy(), key="g")
-        got = dev(FakeDeviceArray(x.copy()), key="g")
+        got = dev(HostDeviceArray(x.copy()), key="g")
         extra = dict(dev.stats.last.extra)
         ok = COMM.allgather(bool(np.array_equal(want.view(np.uint32), got.host.view(np.uint32))))
         assert all(ok)
@@ -139,8 +134,8 @@ def test_mean_out_and_shape(backend):
     host, dev = _pair(codec, "twoshot", op="mean")
     x = rank_data(7 * 29, seed=3).reshape(7, 29)
     want = host(x.copy(), key="m")
-    out = FakeDeviceArray(np.full((7, 29), np.nan, np.float32))
-    got = dev(FakeDeviceArray(x.copy()), key="m", out=out)
+    out = HostDeviceArray(np.full((7, 29), np.nan, np.float32))
+    got = dev(HostDeviceArray(x.copy()), key="m", out=out)
     assert got is out
     assert all(COMM.allgather(bool(np.array_equal(want, out.host))))
 
@@ -153,7 +148,7 @@ def test_nonfinite_raised_everywhere(backend):
     x = rank_data(64)
     if RANK == SIZE - 1:
         x[5] = np.nan
-    got, same = raise_everywhere(lambda: dev(FakeDeviceArray(x), key="nan"))
+    got, same = raise_everywhere(lambda: dev(HostDeviceArray(x), key="nan"))
     assert same and got[0] == NonFiniteError.__name__, got
     assert backend.to_host_calls == 0
 
@@ -164,7 +159,7 @@ def test_fallback_stages_gradient_and_says_why(backend):
     host, dev = _pair("topk", "twoshot", error_feedback="dgc")
     x = rank_data(100, seed=4)
     want = host(x.copy(), key="d")
-    got = dev(FakeDeviceArray(x.copy()), key="d")
+    got = dev(HostDeviceArray(x.copy()), key="d")
     extra = dev.stats.last.extra
     assert extra["staged"] == "gradient" and "dgc" in extra["device"], extra
     assert all(COMM.allgather(bool(np.array_equal(want, got.host))))
@@ -179,8 +174,104 @@ def test_qsgd_elias_stages_the_gradient_and_says_why(backend):
     host, dev = _pair("qsgd", "twoshot", elias=True, error_feedback=True)
     x = rank_data(300, seed=6)
     want = host(x.copy(), key="e")
-    got = dev(FakeDeviceArray(x.copy()), key="e")
+    got = dev(HostDeviceArray(x.copy()), key="e")
     extra = dev.stats.last.extra
     assert extra["staged"] == "gradient" and "elias=True" in extra["device"], extra
     assert all(COMM.allgather(bool(np.array_equal(want, got.host))))
     assert backend.to_host_calls == 1 and backend.from_host_calls == 1
+
+
+#: the stream handle the stream tests give their input (any but 0, 1, 2)
+STREAM = 0xBEEF
+
+
+@pytest.mark.parametrize("algorithm, gpu_aware, codecs", [
+    ("twoshot", "off", TWINS), ("twoshot", "on", ["onebit", "topk"]),
+    ("allgather", "off", ["onebit", "topk"])])
+def test_every_launch_and_copy_on_the_input_stream(backend, algorithm, gpu_aware, codecs):
+    """Input produced on stream STREAM: every kernel launch, copy and
+    allocation of the call -- the reducer's NaN/Inf scan, every twin's
+    encode, owner step and decode, the staging or the device buffers handed
+    to MPI, the ``mean`` -- goes to that stream (the harness records them;
+    the simulator has no real streams), blocking and started."""
+    from .cudasim import record_streams
+
+    for codec in codecs:
+        _, dev = _pair(codec, algorithm, gpu_aware=gpu_aware, error_feedback=True, op="mean")
+        for step in range(2):
+            x = HostDeviceArray(rank_data(97, seed=step), stream=STREAM)
+            with record_streams() as log:
+                if step == 0:
+                    dev(x, key="s")
+                else:
+                    dev.start(x, key="s").wait()
+            off = [(what, s) for what, s in log if getattr(s, "handle", None) != STREAM]
+            assert log and not off, (codec, step, off[:5])
+            assert any(what.startswith("launch") for what, _ in log), codec
+
+
+#: twins whose owner step reads GROUP received packets at once and sums the
+#: ones before first (hpccomm.device_codecs._dense)
+DENSE = [c for c in ("fp16", "bf16", "onebit", "terngrad", "qsgd") if c in TWINS]
+
+
+@pytest.mark.wide
+@pytest.mark.parametrize("codec", DENSE)
+def test_owner_sums_more_packets_than_it_reads_at_once(backend, codec):
+    """From 5 ranks on, a dense twin's owner step first sums the received
+    packets beyond the last group of four into ``out``: the host path's bits,
+    the same on every rank (``tests/run.py`` runs this at 5 ranks)."""
+    if SIZE < 5:
+        pytest.skip("the group pre-sum needs more than 4 packets: 5 ranks or more")
+    host, dev = _pair(codec, "twoshot", error_feedback=True)
+    scale = np.float32(10.0 ** (2 * (RANK % 3) - 2))   # magnitudes apart: the sum's order shows
+    for step in range(2):
+        x = rank_data(64 * SIZE + 3, seed=30 + step) * scale
+        want = host(x.copy(), key="w")
+        got = dev(HostDeviceArray(x.copy()), key="w")
+        everyone = COMM.allgather((bool(np.array_equal(want.view(np.uint32),
+                                                       got.host.view(np.uint32))),
+                                   digest(got.host)))
+        assert all(ok for ok, _ in everyone) and len({d for _, d in everyone}) == 1, step
+
+
+@pytest.mark.parametrize("codec", TWINS)
+def test_state_dict_round_trip_with_device_residuals(backend, codec):
+    """Residuals kept on the device: ``state_dict`` holds host copies of them
+    (numba device arrays have no ``copy()``), and a reducer that loads it
+    continues bit for bit as the one that never stopped."""
+    _, a = _pair(codec, "twoshot", error_feedback=True)
+    _, b = _pair(codec, "twoshot", error_feedback=True)
+    data = [rank_data(150, seed=20 + s) for s in range(3)]
+    for x in data[:2]:
+        a(HostDeviceArray(x.copy()), key="r")
+    saved = a.state_dict()
+    residuals = saved["keys"]["r"]["residuals"]
+    assert residuals and all(type(v) is np.ndarray for v in residuals.values()), residuals
+    b.load_state_dict(saved)
+    want = a(HostDeviceArray(data[2].copy()), key="r")
+    got = b(HostDeviceArray(data[2].copy()), key="r")
+    assert all(COMM.allgather(bool(np.array_equal(want.host.view(np.uint32),
+                                                  got.host.view(np.uint32)))))
+    assert b.stats.last.extra["staged"] == "packets"
+
+
+def test_a_call_on_another_stream_first_waits_for_the_last(backend):
+    """The pipeline's buffers outlive a call: each call ends by recording an
+    event on its stream, and a call on another stream first makes its own
+    stream wait for that event (before any work of its own); calls on one
+    stream need no wait.  (The simulator runs everything in order: the
+    harness records the events.)"""
+    from .cudasim import record_streams
+
+    _, dev = _pair("onebit", "twoshot", error_feedback=True, nonfinite="propagate")
+    calls = []
+    for stream in (STREAM, STREAM, STREAM + 1):
+        with record_streams() as log:
+            dev(HostDeviceArray(rank_data(97), stream=stream), key="e")
+        calls.append([(what, getattr(s, "handle", None)) for what, s in log])
+    first, same, other = calls
+    assert first[-1] == ("event record", STREAM) and same[-1] == ("event record", STREAM)
+    assert "event wait" not in [what for what, _ in first + same]
+    assert other[0] == ("event wait", STREAM + 1), other[:3]
+    assert other[-1] == ("event record", STREAM + 1)

@@ -21,9 +21,10 @@ import numpy as np
 import pytest
 
 import hpccomm
+from hpccomm.buffers.host_device import HostDeviceArray, HostDeviceBackend
 from hpccomm.kernels import ebq as K
 
-from .helpers import COMM, RANK, SIZE, FakeDeviceArray, FakeDeviceBackend, raise_everywhere, \
+from .helpers import COMM, RANK, SIZE, raise_everywhere, \
     same_on_all_ranks
 
 pytestmark = pytest.mark.mpi
@@ -166,20 +167,20 @@ def test_values_beyond_the_code_range_raise_on_every_rank(algorithm, ef):
 def test_device_input_beyond_the_code_range_raises_on_every_rank(gpu_aware):
     """Device input (no device twin: the gradient is staged) is checked
     through a host copy before the agreement."""
-    backend = FakeDeviceBackend()
+    backend = HostDeviceBackend()
     hpccomm.register_device_backend(backend)
     try:
         reducer = hpccomm.Allreducer(COMM, codec="ebq", bound=BOUND, algorithm="twoshot",
                                      gpu_aware=gpu_aware)
         x = inputs("random", 100, RANK)
-        got = reducer(FakeDeviceArray(x.copy()), key="k")
+        got = reducer(HostDeviceArray(x.copy()), key="k")
         S, _ = exact("random", 100)
         assert not violations(got.host, S, SIZE * BOUND + half_ulp(got.host))
         bad = x.copy()
         if RANK == 0:
             bad[3] = -1e4
         (name, message), agreed = raise_everywhere(
-            lambda: reducer(FakeDeviceArray(bad), key="k"))
+            lambda: reducer(HostDeviceArray(bad), key="k"))
         assert name == "ValueError" and "beyond the code range" in message and agreed, message
     finally:
         hpccomm.unregister_device_backend(backend)

@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 import hpccomm
+from hpccomm.buffers.host_device import HostDeviceArray, HostDeviceBackend
 
-from .helpers import COMM, SIZE, FakeDeviceArray, FakeDeviceBackend, digest, rank_data, \
+from .helpers import COMM, SIZE, digest, rank_data, \
     same_on_all_ranks
 from .test_collectives_mpi import CODEC_PARAMS, CODECS, SEED
 
@@ -59,7 +60,7 @@ def test_grad_reducer_equals_the_allreducer_on_each_bucket(codec, overlap):
 @pytest.mark.parametrize("gpu_aware", ["off", "on"])
 @pytest.mark.parametrize("codec", CODECS)
 def test_device_buffers_equal_host_arrays(codec, gpu_aware):
-    backend = FakeDeviceBackend()
+    backend = HostDeviceBackend()
     hpccomm.register_device_backend(backend)
     try:
         dev = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", gpu_aware=gpu_aware,
@@ -67,8 +68,8 @@ def test_device_buffers_equal_host_arrays(codec, gpu_aware):
         host = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", **options(codec))
         for step in range(STEPS):
             x = rank_data(1001, seed=step).reshape(7, 143)
-            got = dev(FakeDeviceArray(x.copy()), key="g")
-            assert isinstance(got, FakeDeviceArray)
+            got = dev(HostDeviceArray(x.copy()), key="g")
+            assert isinstance(got, HostDeviceArray)
             want = host(x, key="g")
             assert digest(got.host) == digest(want), step
         assert same_on_all_ranks(got.host)

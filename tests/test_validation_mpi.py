@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import hpccomm
+from hpccomm.buffers.host_device import HostDeviceArray, HostDeviceBackend
 from hpccomm.errors import ConsistencyError, NonFiniteError
 
 from .helpers import COMM, RANK, SIZE, raise_everywhere, rank_data
@@ -198,16 +199,15 @@ def test_nan_in_bfloat16_input_on_one_rank():
 
 @pytest.mark.parametrize("gpu_aware", ["off", "on"])
 def test_nan_in_device_input_on_one_rank(gpu_aware):
-    from .helpers import FakeDeviceArray, FakeDeviceBackend
-
-    backend = FakeDeviceBackend()
+    
+    backend = HostDeviceBackend()
     hpccomm.register_device_backend(backend)
     try:
         host = rank_data(50)
         if RANK == 0:
             host[49] = np.inf
         r = hpccomm.Allreducer(codec="onebit", algorithm="twoshot", gpu_aware=gpu_aware)
-        expect_everywhere(lambda: r(FakeDeviceArray(host), key="d"), NonFiniteError,
+        expect_everywhere(lambda: r(HostDeviceArray(host), key="d"), NonFiniteError,
                           "rank 0: input holds 1 NaN/Inf")
     finally:
         hpccomm.unregister_device_backend(backend)

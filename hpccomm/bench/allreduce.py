@@ -46,9 +46,9 @@ import time
 import numpy as np
 
 from ..codecs.base import own_algorithm, split_rotate
-from .harness import (case_options, device_sync, empty_like, fmt_bytes, make_buffer,
-                      mpi_library, mpi_thread_level, parse_options, parse_range, sizes_from,
-                      slowest_rank, to_numpy)
+from .harness import (BUFFERS, case_options, device_sync, empty_like, fmt_bytes, host_staging,
+                      make_buffer, mpi_library, mpi_thread_level, on_device, parse_options,
+                      parse_range, sizes_from, slowest_rank, to_numpy)
 
 
 def default_iterations(nbytes: int) -> int:
@@ -92,8 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="shape the input as a (n/COLS, COLS) matrix when COLS divides n, as a "
                         "layer's gradient; per-column codecs take their columns from it "
                         "(default 1024; 0: always 1-D)")
-    p.add_argument("--buffer", choices=("numpy", "torch", "cupy"), default="numpy",
-                   help="buffer type handed to the collectives (default numpy; cupy needs a GPU)")
+    p.add_argument("--buffer", choices=BUFFERS, default="numpy",
+                   help="buffer type handed to the collectives (default numpy; cupy needs a GPU; "
+                        "sim: host memory as a CUDA array, for NUMBA_ENABLE_CUDASIM=1: the "
+                        "device path without a GPU, at the simulator's speed)")
     p.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
                    help="where --buffer torch lives (cupy is always on the GPU); device buffers "
                         "run the codecs on the GPU where hpccomm has a device path")
@@ -146,20 +148,23 @@ def _errors(res, exact):
 
 
 def run_raw(comm, x, exact, iters, warmup):
-    """The baseline: ``comm.Allreduce(x, out, MPI.SUM)`` called directly (device
-    buffers go to MPI as they are: this needs CUDA-aware MPI for cupy)."""
+    """The baseline: ``comm.Allreduce(x, out, MPI.SUM)`` called directly.
+    Device buffers go to MPI as they are where it is CUDA-aware; otherwise
+    they are staged through pinned host buffers, as a user of a host-only MPI
+    must (flat copies of the whole buffer, whatever its shape)."""
     from mpi4py import MPI
 
     from ..buffers import mpi_cuda_support
 
     out = empty_like(x)
-    if type(x).__module__.startswith("cupy") and not mpi_cuda_support():
-        host_in, host_out = np.empty(x.size, np.float32), np.empty(x.size, np.float32)
+    if on_device(x) and not mpi_cuda_support():
+        host_in, to_host, from_host = host_staging(x)
+        host_out = host_staging(x)[0]
 
-        def allreduce():  # MPI is not CUDA-aware: stage through the host, as users must
-            x.get(out=host_in)
+        def allreduce():
+            to_host(x, host_in)
             comm.Allreduce(host_in, host_out, op=MPI.SUM)
-            out.set(host_out)
+            from_host(host_out, out)
     else:
         def allreduce():
             comm.Allreduce(x, out, op=MPI.SUM)
@@ -182,7 +187,7 @@ def run_raw(comm, x, exact, iters, warmup):
         "time_median": float(np.median(slowest)), "time_min": float(np.min(slowest)),
         "time_max": float(np.max(slowest)), "iterations": iters,
         "t_encode": 0.0, "t_comm": float(np.median(slowest)), "t_decode": 0.0,
-        "wire_bytes": 2 * (p - 1) * x.nbytes // p if p > 1 else 0, "wire_modelled": True,
+        "wire_bytes": 2 * (p - 1) * 4 * exact.size // p if p > 1 else 0, "wire_modelled": True,
         "segments": 1, "nodes": None, "ranks_per_node": None, "staged": None, "staged_bytes": 0,
         "rel_err": rel, "max_err": max_err, "error_feedback": False,
         "wrong": None, "check_failures": [], "check_tolerance": None,

@@ -111,7 +111,17 @@ def slowest_rank(comm, times):
     return slowest
 
 
+#: ``--buffer`` kinds: numpy, torch (``--device cpu|cuda``), CuPy, and ``sim``
+#: (host memory as a CUDA array: the device path under numba's CUDA
+#: simulator, :mod:`hpccomm.buffers.host_device`)
+BUFFERS = ("numpy", "torch", "cupy", "sim")
+
+
 def empty_like(x):
+    from ..buffers.host_device import HostDeviceArray
+
+    if isinstance(x, HostDeviceArray):
+        return HostDeviceArray(np.empty_like(x.host))
     mod = type(x).__module__
     if mod.startswith("torch"):
         import torch
@@ -125,6 +135,10 @@ def empty_like(x):
 
 
 def to_numpy(x):
+    from ..buffers.host_device import HostDeviceArray
+
+    if isinstance(x, HostDeviceArray):
+        return x.host
     mod = type(x).__module__
     if mod.startswith("torch"):
         return x.detach().cpu().numpy()
@@ -135,7 +149,10 @@ def to_numpy(x):
 
 def make_buffer(x: np.ndarray, kind: str, device: str = "cpu"):
     """The benchmark input as the requested buffer type (``torch`` on
-    ``device``: "cpu" or "cuda"; ``cupy`` is always on the GPU)."""
+    ``device``: "cpu" or "cuda"; ``cupy`` is always on the GPU; ``sim``:
+    host memory as a CUDA array, served by a
+    :class:`~hpccomm.buffers.host_device.HostDeviceBackend` registered here
+    whose kernels run under numba's simulator when it is on)."""
     if kind == "torch":
         import torch
 
@@ -145,7 +162,66 @@ def make_buffer(x: np.ndarray, kind: str, device: str = "cpu"):
         import cupy
 
         return cupy.asarray(x)
+    if kind == "sim":
+        from numba import config
+
+        from ..buffers import device_backend_for, register_device_backend
+        from ..buffers.host_device import HostDeviceArray, HostDeviceBackend
+
+        arr = HostDeviceArray(np.ascontiguousarray(x))
+        try:
+            device_backend_for(arr)
+        except TypeError:
+            register_device_backend(HostDeviceBackend(device_kernels=config.ENABLE_CUDASIM))
+        return arr
     return x
+
+
+def on_device(x) -> bool:
+    """Whether benchmark buffer ``x`` is device memory (to MPI: only through
+    a CUDA-aware library)."""
+    return not isinstance(x, np.ndarray) and not (type(x).__module__.startswith("torch")
+                                                  and not x.is_cuda)
+
+
+def host_staging(x):
+    """For device buffer ``x``: ``(host, to_host, from_host)``, a flat pinned
+    float32 host buffer of its size and the copies into it from ``x`` and
+    out of it into a device buffer like ``x`` -- what a user of a host-only MPI
+    writes around ``MPI_Allreduce``."""
+    from ..buffers.host_device import HostDeviceArray
+
+    if isinstance(x, HostDeviceArray):
+        def to_host(src, host):
+            host[...] = src.host.reshape(-1)
+
+        def from_host(host, dst):
+            dst.host.reshape(-1)[...] = host
+
+        return np.empty(x.host.size, np.float32), to_host, from_host
+    if type(x).__module__.startswith("torch"):
+        import torch
+
+        host = torch.empty(x.numel(), dtype=torch.float32, pin_memory=True)
+
+        def to_host(src, h):
+            torch.from_numpy(h).copy_(src.reshape(-1))
+
+        def from_host(h, dst):
+            dst.reshape(-1).copy_(torch.from_numpy(h))
+
+        return host.numpy(), to_host, from_host
+    import cupyx
+
+    host = cupyx.empty_pinned(x.size, np.float32)
+
+    def to_host(src, h):
+        src.reshape(-1).get(out=h)
+
+    def from_host(h, dst):
+        dst.reshape(-1).set(h)
+
+    return host, to_host, from_host
 
 
 def device_sync(x) -> None:

@@ -23,21 +23,25 @@ Contiguity
     user's back.  Call ``numpy.ascontiguousarray`` (or ``.contiguous()``) first.
 
 Device memory
-    Device buffers are handled by a :class:`DeviceBackend` (CuPy when it works,
-    numba.cuda otherwise).  With ``gpu_aware`` on, device pointers go straight
-    to MPI; otherwise data is staged through reused host buffers (pinned when
-    CuPy is present).  Before MPI or a host copy reads device memory, the
-    producing stream is synchronized: the stream named in
-    ``__cuda_array_interface__`` (version 3), else the current CuPy stream.
+    Device buffers are handled by a :class:`DeviceBackend` (torch for torch
+    tensors, CuPy when it works, numba.cuda otherwise).  Each call asks it once,
+    on the caller's thread, for the buffer's :class:`Placement` -- its GPU and
+    the stream that produced it (torch's or CuPy's current stream, else the
+    stream named in ``__cuda_array_interface__`` version 3) -- and everything
+    the call does with device memory runs on that GPU, ordered on that
+    stream.  With ``gpu_aware`` on, device pointers go straight to MPI (after
+    the stream is synchronized); otherwise data is staged through reused host
+    buffers (pinned where the backend can).
 """
-from .adapters import Buffer, as_buffer
-from .device import (CupyBackend, DeviceBackend, NumbaCudaBackend, device_backend_for,
-                     register_device_backend, unregister_device_backend)
+from .adapters import Buffer, as_buffer, placement_of
+from .device import (CupyBackend, DeviceBackend, NumbaCudaBackend, Placement, TorchBackend,
+                     device_backend_for, register_device_backend, unregister_device_backend)
 from .dtypes import KNOWN_DTYPES, bf16_bits_to_f32, dtype_name, f32_to_bf16_bits
 from .gpu_aware import mpi_cuda_support, resolve_gpu_aware
 from .staging import HostStaging
 
-__all__ = ["Buffer", "as_buffer", "CupyBackend", "DeviceBackend", "NumbaCudaBackend",
+__all__ = ["Buffer", "as_buffer", "placement_of", "Placement", "CupyBackend", "DeviceBackend",
+           "NumbaCudaBackend", "TorchBackend",
            "device_backend_for", "register_device_backend", "unregister_device_backend",
            "KNOWN_DTYPES", "bf16_bits_to_f32", "dtype_name", "f32_to_bf16_bits",
            "mpi_cuda_support", "resolve_gpu_aware", "HostStaging"]

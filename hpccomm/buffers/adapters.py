@@ -8,7 +8,7 @@ from typing import Any, Callable, Optional
 
 import numpy as np
 
-from .device import DeviceBackend, device_backend_for
+from .device import DeviceBackend, Placement, device_backend_for
 from .dtypes import dtype_name
 
 
@@ -25,6 +25,8 @@ class Buffer:
     device: Any = None             #: flat device object (device memory)
     backend: Optional[DeviceBackend] = None
     wrap: Optional[Callable[[Any], Any]] = None  #: flat result -> user's kind and shape
+    #: device memory: its GPU and the stream that produced it
+    where: Optional[Placement] = None
 
     @property
     def on_device(self) -> bool:
@@ -47,7 +49,7 @@ def _numpy_buffer(arr: np.ndarray, obj, kind, wrap) -> Buffer:
                   host=flat, wrap=wrap)
 
 
-def _torch_buffer(t) -> Buffer:
+def _torch_buffer(t, where) -> Buffer:
     import torch
 
     if t.is_cuda:
@@ -66,7 +68,8 @@ def _torch_buffer(t) -> Buffer:
             return torch.as_tensor(res, device=t.device).reshape(shape)
 
         return Buffer(obj=t, kind="torch", shape=shape, dtype=name, size=flat.numel(), host=None,
-                      device=flat, backend=backend, wrap=wrap_cuda)
+                      device=flat, backend=backend, wrap=wrap_cuda,
+                      where=where or backend.placement(flat))
     if t.device.type != "cpu":
         raise TypeError(f"torch tensors on device {t.device} are not supported")
     if not t.is_contiguous():
@@ -92,7 +95,7 @@ def _torch_buffer(t) -> Buffer:
     return _numpy_buffer(arr, t, "torch", wrap_torch)
 
 
-def _cai_buffer(obj, kind) -> Buffer:
+def _cai_buffer(obj, kind, where) -> Buffer:
     cai = obj.__cuda_array_interface__
     shape = tuple(cai["shape"])
     dt = np.dtype(cai["typestr"])
@@ -114,22 +117,25 @@ def _cai_buffer(obj, kind) -> Buffer:
         return res
 
     return Buffer(obj=obj, kind=kind, shape=shape, dtype=name, size=size, host=None, device=obj,
-                  backend=backend, wrap=wrap_dev)
+                  backend=backend, wrap=wrap_dev, where=where or backend.placement(obj))
 
 
-def as_buffer(x: Any) -> Buffer:
+def as_buffer(x: Any, where: Optional[Placement] = None) -> Buffer:
     """Describe ``x`` as a :class:`Buffer`.  Raises ``TypeError`` for objects
-    or dtypes hpccomm cannot reduce and ``ValueError`` for non-contiguous ones."""
+    or dtypes hpccomm cannot reduce and ``ValueError`` for non-contiguous ones.
+    ``where``: the placement of device memory when known already (as
+    :func:`placement_of` said on the thread that produced ``x``); else the
+    backend is asked now."""
     if isinstance(x, np.ndarray):
         shape = x.shape
         return _numpy_buffer(x, x, "numpy", lambda res: res.reshape(shape))
     module = type(x).__module__ or ""
     if module.startswith("torch") and hasattr(x, "is_cuda"):
-        return _torch_buffer(x)
+        return _torch_buffer(x, where)
     if module.startswith("cupy"):
-        return _cai_buffer(x, "cupy")
+        return _cai_buffer(x, "cupy", where)
     if hasattr(x, "__cuda_array_interface__"):
-        return _cai_buffer(x, "cuda")
+        return _cai_buffer(x, "cuda", where)
     if hasattr(x, "__dlpack__"):
         try:
             arr = np.from_dlpack(x)
@@ -139,3 +145,20 @@ def as_buffer(x: Any) -> Buffer:
         return _numpy_buffer(arr, x, "dlpack", lambda res: res.reshape(shape))
     raise TypeError(f"cannot reduce a {type(x).__name__}: pass a numpy array, a torch tensor, "
                     "a CuPy array or an object with __cuda_array_interface__")
+
+
+def placement_of(x: Any) -> Optional[Placement]:
+    """Where device memory ``x`` lives and the stream that produced it, as
+    this thread sees it; None for host memory, and for anything
+    :func:`as_buffer` would refuse (it raises then, where errors are agreed
+    on)."""
+    if isinstance(x, np.ndarray):
+        return None
+    is_torch = (type(x).__module__ or "").startswith("torch")
+    if not (getattr(x, "is_cuda", False) if is_torch else
+            hasattr(x, "__cuda_array_interface__")):
+        return None
+    try:
+        return device_backend_for(x).placement(x)
+    except Exception:  # noqa: BLE001 - as_buffer raises it again, collectively
+        return None

@@ -74,6 +74,9 @@ class ReduceContext:
     #: by :meth:`Contribution.encode_chunks` before anything is sent; None when
     #: the reducer ran it already
     agree: Optional[Callable[[Optional[BaseException]], None]] = None
+    #: device input: its GPU and the stream that produced it (a
+    #: :class:`~hpccomm.buffers.Placement`); None for host input
+    where: Optional[tuple] = None
 
     @property
     def call(self) -> CallStats:

@@ -36,6 +36,6 @@ def device_allreduce(x, out, backend, ctx) -> None:
     and writes them directly (a device copy on one rank).  ``mpi``'s device
     path, and ``auto``'s when it chooses dense."""
     if ctx.net.size == 1:
-        backend.copy(x, out)
+        backend.copy(x, out, ctx.where)
         return
     ctx.net.allreduce(x, out, nbytes=ctx.call.nbytes)

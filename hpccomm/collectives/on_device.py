@@ -26,9 +26,16 @@ with the same bits on every rank and the same bits as the host path:
    decoded and added in rank order.
 5. ``op="mean"`` divides on the device.
 
-Every kernel runs on the stream that produced the input
-(:func:`~hpccomm.kernels.cuda_util.stream_of`); the stream is synchronized
-only where the host or MPI reads what it wrote.  Host traffic per call
+Every kernel and copy runs on the input's GPU (its primary context made
+current on the calling thread, the progress thread of ``start()`` included)
+and on the stream that produced the input (``ctx.where``, a
+:class:`~hpccomm.buffers.Placement` the reducer took on the caller's
+thread); the stream is synchronized only where the host or MPI reads what
+it wrote.  The pipeline's buffers -- the twin's scratch, the device work
+buffers, the pinned staging, the residuals -- outlive a call: a call on
+another stream than the last one first makes its stream wait (on the
+device, an event the last call recorded) for all the last call did, so
+nothing is overwritten while an earlier stream still reads it.  Host traffic per call
 (``CallStats.extra``: ``staged_d2h`` / ``staged_h2d``, bytes) is the packets
 and nothing else: ``sum of this rank's chunk packets + its owner packet`` to
 the host and ``received + gathered packets`` back (twoshot), or ``its packet``
@@ -82,17 +89,21 @@ def why_not_on_device(algorithm: Algorithm, codec: Codec, memory: Memory, dtype:
 class DevicePath:
     """One reducer's device pipeline (see the module docstring)."""
 
-    def __init__(self, algorithm: Algorithm, codec: Codec, staging, gpu_aware: bool):
+    def __init__(self, algorithm: Algorithm, codec: Codec, staging, gpu_aware: bool, backend):
         from ..device_codecs import device_codec_for
         from ..kernels import cuda_util
 
         self.algorithm, self.codec = algorithm, codec
         self.twin = device_codec_for(codec)
-        self.staging, self.gpu_aware = staging, gpu_aware
+        #: pinned host buffers of this pipeline alone (``HostStaging``), made by ``backend``
+        self.staging, self.gpu_aware, self._backend = staging, gpu_aware, backend
         self.U = cuda_util
         self.rank, self.size = algorithm.rank, algorithm.size
         #: device work buffers of the exchanges, by name, kept between calls
         self._work = {}
+        #: the placement of the last call and the event recorded at its end
+        self._last_where = None
+        self._done = None
 
     # -- the call ------------------------------------------------------------
     def choice(self, n: int, state, ctx) -> str:
@@ -103,24 +114,37 @@ class DevicePath:
             return alg.decide(n, tuple(ctx.shape), ctx.key, ctx.net)
         return alg.name
 
-    def reduce(self, x_obj, out_obj, backend, state, ctx, choice: str, mean: bool) -> None:
+    def reduce(self, x_obj, out_obj, state, ctx, choice: str, mean: bool) -> None:
         """Sum ``x_obj`` over the ranks into ``out_obj`` (device buffers of
-        float32) along ``choice`` (``twoshot`` or ``allgather``); ``mean``:
-        then divide by the number of ranks."""
+        float32, on ``ctx.where``) along ``choice`` (``twoshot`` or
+        ``allgather``); ``mean``: then divide by the number of ranks."""
         U = self.U
-        with U.on_stream(U.stream_of(x_obj)):
-            x, out = U.as_kernel_array(x_obj), U.as_kernel_array(out_obj)
-            self._backend = backend
-            call = ctx.call
-            call.extra.update(staged="packets", staged_d2h=0, staged_h2d=0)
-            call.nbytes = 4 * x.size
-            if choice == "twoshot":
-                self._twoshot(x, out, state, ctx)
-            else:
-                self._allgather(x, out, state, ctx)
-            if mean and self.size > 1:
-                U.divide(out, self.size)
-            call.extra["staged_select"] = getattr(self.twin, "host_bytes", 0)
+        with U.on_device(*ctx.where) as stream:
+            if self._done is not None and self._last_where != ctx.where:
+                self._done.wait(stream)        # the last call's stream first (its buffers)
+            try:
+                x, out = U.as_kernel_array(x_obj), U.as_kernel_array(out_obj)
+                call = ctx.call
+                call.extra.update(staged="packets", staged_d2h=0, staged_h2d=0)
+                call.nbytes = 4 * x.size
+                if choice == "twoshot":
+                    self._twoshot(x, out, state, ctx)
+                else:
+                    self._allgather(x, out, state, ctx)
+                if mean and self.size > 1:
+                    U.divide(out, self.size)
+                call.extra["staged_select"] = getattr(self.twin, "host_bytes", 0)
+            finally:
+                if self._done is None:
+                    self._done = U.event()
+                self._done.record(stream)
+                self._last_where = ctx.where
+
+    def to_host(self, a) -> np.ndarray:
+        """A host copy of device array ``a`` of this pipeline (a residual for
+        ``state_dict``), read on the last call's stream: after it."""
+        with self.U.on_device(*self._last_where):
+            return self.U.to_host(a)
 
     def _buffers(self, memory: Memory, state, slot: str, n: int):
         """``(e, e_out)`` of ``slot`` on the device (None, None without memory);
@@ -238,9 +262,10 @@ class DevicePath:
             for p, c in zip(packets, sizes):
                 view = host[off:off + c]
                 if c:
-                    self.U.to_host(p, view)
+                    self.U.to_host(p, view, wait=False)
                 views.append(view)
                 off += c
+            self.U.synchronize()                 # one wait for all of them
         call.extra["staged_d2h"] += sum(sizes)
         return views
 
@@ -260,15 +285,8 @@ class DevicePath:
 
     def _heads(self, dev_packets: list, call) -> List[np.ndarray]:
         """The leading bytes of device packets, for the header check."""
-        heads = []
-        for p in dev_packets:
-            k = min(HEAD_BYTES, int(p.size))
-            head = np.empty(k, np.uint8)
-            if k:
-                self.U.to_host(p[:k], head)
-            heads.append(head)
-        call.extra["staged_d2h"] += sum(h.size for h in heads)
-        return heads
+        return self._to_host([p[:min(HEAD_BYTES, int(p.size))] for p in dev_packets], "heads",
+                             call)
 
     def _alltoallv(self, packets: list, recv_sizes: Optional[List[int]], m: int, ctx) -> list:
         net, call, P = ctx.net, ctx.call, self.size

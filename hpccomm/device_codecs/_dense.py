@@ -24,7 +24,9 @@ from .base import DeviceCodec
 class DenseDevice(DeviceCodec):
     """A twin whose kernels read a source (see the module docstring).
     Subclasses set ``_decode_kernel`` / ``_presum_kernel`` (kernels of
-    :mod:`~hpccomm.kernels.cuda_quantize`), :meth:`_views` and ``_code``."""
+    :mod:`~hpccomm.kernels.cuda_quantize`, wrapped in ``staticmethod``: a
+    numba.cuda dispatcher read from an instance binds to it like a function),
+    :meth:`_views` and ``_code``."""
 
     _decode_kernel = None
     _presum_kernel = None

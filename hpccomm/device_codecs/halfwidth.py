@@ -33,8 +33,8 @@ class HalfWidthDevice(DenseDevice):
     """fp16 / bf16: header, then ``n`` uint16 bit patterns."""
 
     host = HalfWidthCodec
-    _decode_kernel = Q.half_decode
-    _presum_kernel = Q.half_presum
+    _decode_kernel = staticmethod(Q.half_decode)
+    _presum_kernel = staticmethod(Q.half_presum)
 
     def _flag(self):
         return bool(self.codec.bfloat)

@@ -34,8 +34,8 @@ from .base import register_device_codec
 @register_device_codec("onebit")
 class OneBitDevice(DenseDevice):
     host = OneBitCodec
-    _decode_kernel = Q.onebit_decode
-    _presum_kernel = Q.onebit_presum
+    _decode_kernel = staticmethod(Q.onebit_decode)
+    _presum_kernel = staticmethod(Q.onebit_presum)
 
     def _views(self, packet):
         return packet.view(np.uint32), packet.view(np.float32)

@@ -40,8 +40,8 @@ from .base import register_device_codec
 @register_device_codec("qsgd")
 class QSGDDevice(DenseDevice):
     host = QSGDCodec
-    _decode_kernel = Q.qsgd_decode
-    _presum_kernel = Q.qsgd_presum
+    _decode_kernel = staticmethod(Q.qsgd_decode)
+    _presum_kernel = staticmethod(Q.qsgd_presum)
 
     @classmethod
     def refuses(cls, codec):

@@ -38,8 +38,8 @@ _LANES = Q.LANES
 @register_device_codec("terngrad")
 class TernGradDevice(DenseDevice):
     host = TernGradCodec
-    _decode_kernel = Q.tern_decode
-    _presum_kernel = Q.tern_presum
+    _decode_kernel = staticmethod(Q.tern_decode)
+    _presum_kernel = staticmethod(Q.tern_presum)
 
     def _views(self, packet):
         return packet, packet[:20].view(np.float32)

@@ -73,7 +73,7 @@ def _lane_total(acc):
 # ---------------------------------------------------------------------------
 # onebit
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _onebit_means_kernel(x, col_len, means):
     c = cuda.grid(1)
     if c >= means.size // 2:
@@ -100,7 +100,7 @@ def _onebit_means_kernel(x, col_len, means):
     means[2 * c + 1] = _lane_total(neg) / imax(hi - lo - npos, 1)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _onebit_pack_kernel(x, words):
     w = cuda.grid(1)
     if w >= words.size:
@@ -114,7 +114,7 @@ def _onebit_pack_kernel(x, words):
     words[w] = word
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _onebit_unpack_kernel(words, means, col_len, out, add):
     i = cuda.grid(1)
     if i >= out.size:
@@ -154,7 +154,7 @@ def onebit_unpack(words, means, col_len, n, out=None, add=False):
 # ---------------------------------------------------------------------------
 # terngrad / qsgd: b-bit two's complement codes
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _tern_pack_kernel(x, key, offset, scale, clip, packed):
     j = cuda.grid(1)
     if j >= packed.size:
@@ -178,7 +178,7 @@ def _ratio(scale, levels):
     return 0.0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _qsgd_scales_kernel(x, bucket, use_max, scales):
     j = cuda.grid(1)
     if j >= scales.size:
@@ -208,7 +208,7 @@ def _qsgd_scales_kernel(x, bucket, use_max, scales):
     scales[j] = r
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _qsgd_pack_kernel(x, scales, bucket, bits, levels, key, offset, packed):
     j = cuda.grid(1)
     if j >= packed.size:
@@ -230,7 +230,7 @@ def _qsgd_pack_kernel(x, scales, bucket, bits, levels, key, offset, packed):
     packed[j] = byte
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _codes_decode_kernel(packed, bits, bucket, levels, scales, out, add):
     i = cuda.grid(1)
     if i >= out.size:
@@ -354,7 +354,7 @@ def _make_source(value):
 def _make_presum(source):
     """``out[i] = source(i)``, element by element (in place when ``base`` is
     ``out``): the owner's rank-order sum of the packets before the last group."""
-    @cuda.jit
+    @cuda.jit(cache=True)
     def presum(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_e, out):
         n = out.size
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
@@ -366,7 +366,7 @@ def _make_presum(source):
 def _make_decode(value):
     """``out = decode(packet)`` (mode 0), ``out += `` (1) or ``out = out -
     decode`` (2), one float32 operation per element."""
-    @cuda.jit
+    @cuda.jit(cache=True)
     def decode(a, b, flag, out, mode):
         n = out.size
         for i in range(cuda.grid(1), n, cuda.gridsize(1)):
@@ -482,7 +482,7 @@ half_presum = _make_presum(_half_source)
 half_decode = _make_decode(_half_value)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def half_code(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_e,
               n, ph, e_out, has_eout, out, has_out, bad, count):
     """fp16 / bf16 (``flag``) of the source ``v`` into ``ph`` (the packet as
@@ -540,7 +540,7 @@ def _onebit_put(i, v, mp, mn, e_out, has_eout, out, has_out):
     return bit
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def onebit_columns(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_e,
                    n, col_len, ncols, pf, pw, words_here, e_out, has_eout, out, has_out,
                    bad, count):
@@ -591,7 +591,7 @@ def onebit_columns(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e,
         cuda.atomic.add(bad, 0, cnt)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def onebit_words(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_e,
                  n, col_len, ncols, pf, pw, e_out, has_eout, out, has_out):
     """Sign words, ``e_out`` and ``out`` per word (one thread each), the
@@ -626,7 +626,7 @@ tern_presum = _make_presum(_tern_source)
 tern_decode = _make_decode(_tern_value)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def tern_lanes(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_e,
                n, lanes, maxes, counts):
     """Lane ``k`` (thread ``k`` of one block of LANES): over ``i = k mod
@@ -663,7 +663,7 @@ def tern_lanes(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has
         lanes[3 * LANES] = x0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def tern_totals(n, lanes, maxes, counts, res):
     """One thread: ``res = (max|v|, S1, S2, L1, L2, count)`` from the lanes of
     :func:`tern_lanes`, by quantize's ``_tern_totals`` (the lane tree, ``L2 =
@@ -689,7 +689,7 @@ def tern_totals(n, lanes, maxes, counts, res):
     res[5] = cnt
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def tern_code(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_e,
               n, key, offset, scale, unit, unit_bits, pu, pw, e_out, has_eout, out, has_out):
     """Per code byte (four elements): the ternary codes of the source ``v``
@@ -767,7 +767,7 @@ def _qsgd_put(i, v, key, offset, ratio, unit, levels, e_out, has_eout, out, has_
     return c
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def qsgd_buckets(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_e,
                  n, bucket, bits, levels, use_max, key, offset, contract, omega, omega_last,
                  pf, pu, nb, ratios, units, codes_here, e_out, has_eout, out, has_out,
@@ -852,7 +852,7 @@ def qsgd_buckets(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, h
         cuda.atomic.add(bad, 0, cnt)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def qsgd_bytes(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_e,
                n, bucket, bits, levels, key, offset, pu, nb, ratios, units,
                e_out, has_eout, out, has_out):

@@ -53,7 +53,7 @@ import math
 from functools import partial
 
 import numpy as np
-from numba import cuda, int32
+from numba import config, cuda, int32
 
 from . import cuda_util as U
 from .cuda_util import dmul_rn, fmul_rn, imax, imin
@@ -92,7 +92,7 @@ def segments(n: int, per: int = SEG) -> int:
 # ---------------------------------------------------------------------------
 # small helpers
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _set2(a, x, y):
     if cuda.grid(1) == 0:
         a[0] = x
@@ -108,10 +108,9 @@ def set2(a, x, y):
 def address(a) -> int:
     """The address of device array ``a``'s first element (under the simulator,
     of the host memory it wraps)."""
-    try:
-        return a.__cuda_array_interface__["data"][0]
-    except AttributeError:  # the simulator's arrays wrap numpy arrays
-        return a.ctypes.data
+    if config.ENABLE_CUDASIM:   # the simulator's arrays wrap numpy arrays
+        return U.mpi_buffer(a).ctypes.data
+    return a.__cuda_array_interface__["data"][0]
 
 
 def aligned(packet, scratch, name, align: int = 8):
@@ -126,7 +125,7 @@ def aligned(packet, scratch, name, align: int = 8):
 # ---------------------------------------------------------------------------
 # exclusive scan of int64 counts, on the device
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _scan_sums(counts, sums):
     g = cuda.grid(1)
     if g >= sums.size:
@@ -138,7 +137,7 @@ def _scan_sums(counts, sums):
     sums[g] = s
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scan_top(sums, status, slot):
     if cuda.grid(1) != 0:
         return
@@ -150,7 +149,7 @@ def _scan_top(sums, status, slot):
     status[slot] = run
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scan_apply(counts, sums, starts):
     g = cuda.grid(1)
     if g >= sums.size:
@@ -179,7 +178,7 @@ def exclusive_scan(counts, starts, status, slot, scratch, name="scan"):
 # ---------------------------------------------------------------------------
 # threshold: tau from the sum of squares of the fresh part
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _ss_lanes(g, parts):
     t = cuda.grid(1)
     if t >= parts.size:
@@ -195,7 +194,7 @@ def _ss_lanes(g, parts):
     parts[t] = acc
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _ss_tau(g, parts, alpha, tau, ss):
     if cuda.grid(1) != 0:
         return
@@ -234,7 +233,7 @@ def threshold_tau(g, alpha, tau, scratch):
 # ---------------------------------------------------------------------------
 # threshold: candidates |v| >= tau, v != 0 (0 < tau < inf), capped
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _count_select(v, vb, tau, cutq, above, equal, bad, check):
     c = cuda.grid(1)
     if c >= above.size:
@@ -262,7 +261,7 @@ def _count_select(v, vb, tau, cutq, above, equal, bad, check):
         cuda.atomic.add(bad, 0, nf)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _radix_hist(v, vb, tau, state, shift, hist):
     counts = cuda.shared.array(256, int32)
     tid = cuda.threadIdx.x
@@ -286,7 +285,7 @@ def _radix_hist(v, vb, tau, state, shift, hist):
             cuda.atomic.add(hist, b, np.int64(counts[b]))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _radix_pick(state, hist, shift):
     if cuda.grid(1) != 0:
         return
@@ -301,7 +300,7 @@ def _radix_pick(state, hist, shift):
         hist[j] = 0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _kept(above, equal, eqb, cutq, kept):
     c = cuda.grid(1)
     if c >= kept.size:
@@ -310,7 +309,7 @@ def _kept(above, equal, eqb, cutq, kept):
     kept[c] = above[c] + r
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compact_words(v, vb, tau, cutq, starts, eqb, words, resid, has_resid, out, has_out):
     c = cuda.grid(1)
     if c >= starts.size:
@@ -397,7 +396,7 @@ class Selection:
                 dummy if out is None else out, out is not None)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _tau_fields(fields, tau, m):
     if cuda.grid(1) == 0:
         fields[0] = tau[0] if m > 0 else np.float32(0)
@@ -413,7 +412,7 @@ def write_tau(fields, tau, m):
 # ---------------------------------------------------------------------------
 # threshold: decoding Strom words
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _check_words(words, n, fields, pad, flags, slot):
     c = cuda.grid(1)
     if c == 0:
@@ -443,7 +442,7 @@ def check_sign_words(words, n, fields, flags, slot):
             fields.view(np.uint32), flags, slot)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scatter_words(words, fields, out, mode):
     c = cuda.grid(1)
     hi = imin(c * SEG + SEG, words.size)
@@ -470,7 +469,7 @@ def scatter_sign_words(words, fields, out, mode):
 # ---------------------------------------------------------------------------
 # randk: Floyd's k-subset, values at the indices
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _floyd(key, n, k, bitmap):
     if cuda.grid(1) != 0:
         return
@@ -482,7 +481,7 @@ def _floyd(key, n, k, bitmap):
         bitmap[t >> 6] |= one << np.uint64(t & 63)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bit_counts(bitmap, counts):
     c = cuda.grid(1)
     if c >= counts.size:
@@ -494,7 +493,7 @@ def _bit_counts(bitmap, counts):
     counts[c] = s
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _bit_indices(bitmap, starts, idx):
     c = cuda.grid(1)
     if c >= starts.size:
@@ -529,7 +528,7 @@ def floyd_indices(key, n, idx, scratch):
     return idx
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _gather(v, idx, scale, scaled, vals, resid, has_resid):
     c = cuda.grid(1)
     hi = imin(c * SEG + SEG, idx.size)
@@ -551,7 +550,7 @@ def gather(v, idx, vals, scale=None, resid=None):
             scale is not None, vals, v if resid is None else resid, resid is not None)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scatter_vals(idx, vals, out, mode):
     c = cuda.grid(1)
     hi = imin(c * SEG + SEG, idx.size)
@@ -570,7 +569,7 @@ def scatter_values(idx, vals, out, mode):
     _launch(_scatter_vals, segments(idx.size), idx, vals, out, mode)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _read_u64(packet, at, dst, slot):
     if cuda.grid(1) == 0:
         k = np.uint64(0)
@@ -605,7 +604,7 @@ def _pick(hist, k, prefix, shift):
     return prefix | (np.int64(b) << shift), k
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _adaptive_stats(v, vb, H, pi, samples, excess, key, base, counts, mus, cuts, bad,
                     check):
     c = cuda.grid(1)
@@ -756,7 +755,7 @@ def adaptive_stats(v, H, pi, samples, excess, key, offset, bad, check, scratch):
     return counts, mus, cuts
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _adaptive_write(v, vb, H, counts, mus, cuts, starts, recs, recs_f, words, resid,
                     has_resid, out, has_out):
     c = cuda.grid(1)
@@ -834,7 +833,7 @@ def _columns(head, n):
     return H, (n + H - 1) // H
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _adaptive_counts(head, body, n, counts):
     c = cuda.grid(1)
     if c >= counts.size:
@@ -843,7 +842,7 @@ def _adaptive_counts(head, body, n, counts):
     counts[c] = np.int64(body[3 * c]) if c < W else 0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _adaptive_check(head, body, n, pi, excess, counts, starts, status, flags, slot):
     c = cuda.grid(1)
     if c >= imax(counts.size, 1):
@@ -908,7 +907,7 @@ class AdaptiveReader:
                 np.int64(W), self.starts, self.counts, out, mode)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _adaptive_scatter(body, body_f, H, W, starts, counts, out, mode):
     c = cuda.grid(1)
     if c >= W:

@@ -53,7 +53,7 @@ _launch = partial(U.launch, THREADS)
 # ---------------------------------------------------------------------------
 # threshold compaction
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _count_tiles(x, t, counts):
     n = x.size
     base = cuda.blockIdx.x * TILE
@@ -74,7 +74,7 @@ def _count_tiles(x, t, counts):
         counts[cuda.blockIdx.x] = total
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compact_tiles(x, t, starts, idx, vals):
     scan = cuda.shared.array(THREADS, int32)
     n = x.size
@@ -133,7 +133,7 @@ def select_abs_ge(x, t, index_dtype):
 # ---------------------------------------------------------------------------
 # Strom words and scatters
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _pack_sign_words(idx, vals, words):
     j = cuda.grid(1)
     if j < idx.size:
@@ -152,7 +152,7 @@ def pack_sign_words(idx, vals, word_dtype):
     return words
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scatter(out, idx, vals, add):
     j = cuda.grid(1)
     if j < idx.size:
@@ -171,7 +171,7 @@ def scatter(out, idx, vals, add):
     return out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scatter_sign_words(words, tau, out, add):
     j = cuda.grid(1)
     if j < words.size:
@@ -248,7 +248,7 @@ def _launch_blocks(kernel, blocks, *args):
     U.launch(TOPK_THREADS, kernel, blocks * TOPK_THREADS, *args)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _fill_runs(out, value):
     n = out.size
     base = cuda.blockIdx.x * RUN_TILE + cuda.threadIdx.x
@@ -264,7 +264,7 @@ def fill_runs(out, value):
     return out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compensate_runs(x, e, has_e, v, write_v, info):
     n = x.size
     base = cuda.blockIdx.x * RUN_TILE + cuda.threadIdx.x
@@ -291,7 +291,7 @@ def compensate(x, e, v, info):
                    x if v is None else v, v is not None, info)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _gather_strided(bits, start, stride, out):
     s = out.size
     base = cuda.blockIdx.x * RUN_TILE + cuda.threadIdx.x
@@ -310,7 +310,7 @@ def gather_strided(bits, start, stride, out):
     return out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _radix_init(st, k, hist):
     tid = cuda.threadIdx.x
     if tid == 0:
@@ -320,7 +320,7 @@ def _radix_init(st, k, hist):
         hist[b] = 0
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _radix_hist(bits, st, shift, width, hist):
     sh = cuda.shared.array(RADIX_BINS, int32)
     tid = cuda.threadIdx.x
@@ -346,7 +346,7 @@ def _radix_hist(bits, st, shift, width, hist):
             cuda.atomic.add(hist, b, np.int64(c))
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _radix_pick(hist, shift, width, st):
     sums = cuda.shared.array(TOPK_THREADS, int64)
     tid = cuda.threadIdx.x
@@ -389,7 +389,7 @@ def radix_select(bits, k, st, hist):
         _launch_blocks(_radix_pick, 1, hist, shift, width, st)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _count_classes(vals, tf, counts):
     sa = cuda.shared.array(TOPK_THREADS, int64)
     sb = cuda.shared.array(TOPK_THREADS, int64)
@@ -428,7 +428,7 @@ def count_classes(vals, tf, counts):
     _launch_blocks(_count_classes, run_tiles(vals.size), vals, tf, counts)
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _compact_classes(vals, src, has_src, tf, q, tie_base, starts, out_idx, out_vals):
     sa = cuda.shared.array(TOPK_THREADS, int64)
     sb = cuda.shared.array(TOPK_THREADS, int64)
@@ -515,7 +515,7 @@ def compact_classes(vals, src, tf, q, counts):
     return m, run
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _scatter_runs(out, idx, vals, mode):
     m = idx.size
     base = cuda.blockIdx.x * RUN_TILE + cuda.threadIdx.x
@@ -538,7 +538,7 @@ def scatter_runs(out, idx, vals, mode):
     return out
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _check_pairs(packet, idx, n, m, version, codec_id, flags, slot):
     tid = cuda.threadIdx.x
     if cuda.blockIdx.x == 0 and tid == 0:

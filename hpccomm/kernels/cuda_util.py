@@ -4,10 +4,18 @@
 (:mod:`hpccomm.device_codecs`): device functions, launchers, transfers and
 small elementwise kernels.
 
-Every launch and allocation here goes to the *current stream*
-(:func:`current_stream`, set with :func:`on_stream` by the device pipeline
-to the stream that produced the user's buffer); the default is stream 0.
+Every launch, copy and allocation here goes to the *current stream*
+(:func:`current_stream`, set with :func:`on_stream`, or with :func:`on_device`
+by the device pipeline to the stream that produced the user's buffer); the
+default is numba's default stream, always named explicitly: a numba array
+otherwise falls back to the stream it was allocated on, which may be gone.
 Elementwise float32 arithmetic is one IEEE operation per element, as numpy's.
+Launch only through :func:`launch`, :func:`launch_grid` and :func:`single`:
+they refuse a kernel that was bound to an instance (a numba.cuda dispatcher
+stored as a plain class attribute, read from an instance).  The kernels of
+the ``cuda_*`` modules are compiled once per GPU architecture and cached on
+disk (``cache=True``: ``__pycache__`` beside the source, or
+``NUMBA_CACHE_DIR``).
 
 Device functions for the kernels:
 
@@ -26,31 +34,69 @@ Device functions for the kernels:
 rejects fused or unrounded float products and flush-to-zero.
 """
 import contextlib
+import threading
+import types
 
 import numpy as np
 from numba import config, cuda
 
 #: threads per block of the kernels here (the simulator runs one Python thread per CUDA thread)
 THREADS = 32 if config.ENABLE_CUDASIM else 256
-_STREAM = [0]
+#: per thread, the stack of streams :func:`on_stream` set
+_local = threading.local()
+#: numba stream objects by (device, handle), made once (:func:`stream_for`)
+_STREAMS: dict = {}
 
 
 def current_stream():
-    """The stream kernels and copies run on (0: the default stream)."""
-    return _STREAM[-1]
+    """The stream kernels and copies run on: the innermost :func:`on_stream`
+    of this thread, else numba's default stream (a stream object, never 0)."""
+    stack = getattr(_local, "streams", None)
+    return stack[-1] if stack else cuda.default_stream()
 
 
 @contextlib.contextmanager
 def on_stream(stream):
-    """Run the kernels of the ``with`` block on ``stream`` (None: unchanged)."""
+    """Run the kernels and copies of the ``with`` block on ``stream`` (None:
+    unchanged), on this thread."""
     if stream is None:
         yield
         return
-    _STREAM.append(stream)
+    stack = _local.__dict__.setdefault("streams", [])
+    stack.append(stream)
     try:
         yield
     finally:
-        _STREAM.pop()
+        stack.pop()
+
+
+def stream_for(device: int, handle: int):
+    """The numba stream for the CUDA stream ``handle`` of GPU ``device`` (whose
+    context is current): 0 and 1 the legacy default stream, 2 the per-thread
+    default stream, any other an external stream (made once per device and
+    handle)."""
+    key = (int(device), int(handle))
+    stream = _STREAMS.get(key)
+    if stream is None:
+        if handle in (0, 1):
+            stream = cuda.legacy_default_stream()
+        elif handle == 2:
+            stream = cuda.per_thread_default_stream()
+        else:
+            stream = cuda.external_stream(int(handle))
+        stream = _STREAMS[key] = stream
+    return stream
+
+
+@contextlib.contextmanager
+def on_device(device: int, handle: int):
+    """Run the ``with`` block on GPU ``device`` (its primary context made
+    current on this thread, whichever thread it is) and its kernels and
+    copies on the stream ``handle`` of that device; yields the stream."""
+    with cuda.gpus[device]:
+        stream = stream_for(device, handle)
+        with on_stream(stream):
+            yield stream
 
 
 def to_device(a, dtype=None):
@@ -66,11 +112,13 @@ def empty(n, dtype):
     return cuda.device_array(int(n), dtype=dtype, stream=current_stream())
 
 
-def to_host(a, out=None):
-    """A host copy of device array ``a`` (into ``out`` when given), complete on return."""
+def to_host(a, out=None, wait: bool = True):
+    """A host copy of device array ``a`` (into ``out`` when given), complete
+    on return; ``wait=False``: only queued on the current stream (into
+    pinned ``out``: complete after :func:`synchronize`)."""
     stream = current_stream()
     host = a.copy_to_host(out, stream=stream) if out is not None else a.copy_to_host(stream=stream)
-    if stream:
+    if wait:
         stream.synchronize()
     return host
 
@@ -80,9 +128,23 @@ def from_host(host, a):
     a.copy_to_device(host, stream=current_stream())
 
 
+def kernel_of(kernel):
+    """``kernel``, refused when it is a bound method: a numba.cuda dispatcher
+    stored as a class attribute binds to the instance it is read from (as a
+    function would), and a bound method cannot be configured for a launch."""
+    if isinstance(kernel, types.MethodType):
+        owner = type(kernel.__self__).__name__
+        name = getattr(kernel.__func__, "__name__", repr(kernel.__func__))
+        raise TypeError(f"kernel {name!r} was read from an instance of {owner} and bound to "
+                        f"it as a method: store numba.cuda kernels in a class with "
+                        f"staticmethod(...) (or call them from their module)")
+    return kernel
+
+
 def launch(threads, kernel, count, *args):
     """Run ``kernel`` on ``count`` items, one thread each, in blocks of
     ``threads`` on the current stream; nothing when ``count`` is 0."""
+    kernel = kernel_of(kernel)
     if count > 0:
         kernel[(count + threads - 1) // threads, threads, current_stream()](*args)
 
@@ -95,6 +157,7 @@ def launch_grid(threads, kernel, count, *args):
     """Run the grid-stride ``kernel`` over ``count`` items: at most
     :data:`GRID_BLOCKS` blocks of ``threads`` on the current stream; nothing
     when ``count`` is 0."""
+    kernel = kernel_of(kernel)
     if count > 0:
         blocks = min(-(-count // threads), GRID_BLOCKS)
         kernel[blocks, threads, current_stream()](*args)
@@ -102,7 +165,7 @@ def launch_grid(threads, kernel, count, *args):
 
 def single(kernel, *args):
     """Run ``kernel`` on one device thread (current stream)."""
-    kernel[1, 1, current_stream()](*args)
+    kernel_of(kernel)[1, 1, current_stream()](*args)
 
 
 # ---------------------------------------------------------------------------
@@ -147,7 +210,7 @@ def imax(a, b):
 # ---------------------------------------------------------------------------
 # elementwise kernels
 # ---------------------------------------------------------------------------
-@cuda.jit
+@cuda.jit(cache=True)
 def _binary(a, b, out, op):
     i = cuda.grid(1)
     if i < out.size:
@@ -159,14 +222,14 @@ def _binary(a, b, out, op):
             out[i] = a[i]
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _fill(out, value):
     i = cuda.grid(1)
     if i < out.size:
         out[i] = value
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _header(packet, version, codec, extra, n):
     if cuda.grid(1) == 0:
         packet[0] = 72          # b"HC"
@@ -179,7 +242,7 @@ def _header(packet, version, codec, extra, n):
             packet[8 + k] = (n >> (8 * k)) & 0xFF
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _count_nonfinite(x, count):
     i = cuda.grid(1)
     if i < x.size:
@@ -229,7 +292,7 @@ def count_nonfinite(x) -> int:
     return int(to_host(count)[0])
 
 
-@cuda.jit
+@cuda.jit(cache=True)
 def _divide(out, divisor):
     i = cuda.grid(1)
     if i < out.size:
@@ -248,8 +311,8 @@ def divide(out, divisor):
 def as_kernel_array(obj):
     """A flat device array viewing the memory of ``obj`` (any C-contiguous
     ``__cuda_array_interface__`` object: CuPy, torch, numba), without a
-    copy and without synchronizing its stream (the kernels run on it,
-    :func:`stream_of`).  Under the simulator the memory is host memory and
+    copy and without synchronizing its stream (the kernels run on it:
+    :func:`on_device`).  Under the simulator the memory is host memory and
     the view is the simulator's array over it."""
     if config.ENABLE_CUDASIM:
         import ctypes
@@ -267,28 +330,30 @@ def as_kernel_array(obj):
     return arr.reshape(arr.size)
 
 
-def stream_of(obj):
-    """The stream that produced ``obj``: the one its
-    ``__cuda_array_interface__`` (v3) names, else CuPy's current stream when
-    CuPy is loaded, else the default stream (0)."""
-    if config.ENABLE_CUDASIM:
+def pointer_device(ptr: int) -> int:
+    """The ordinal of the GPU whose memory holds device pointer ``ptr`` (0
+    under the simulator, whose one "device" is host memory)."""
+    if config.ENABLE_CUDASIM or not ptr:
         return 0
-    ptr = getattr(obj, "__cuda_array_interface__", {}).get("stream")
-    if ptr is None:
-        import sys
+    from cuda.bindings import driver
 
-        cupy = sys.modules.get("cupy")
-        ptr = cupy.cuda.get_current_stream().ptr if cupy is not None else 0
-    return cuda.external_stream(ptr) if ptr else 0
+    err, ordinal = driver.cuPointerGetAttribute(
+        driver.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, int(ptr))
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise ValueError(f"device pointer {int(ptr):#x}: cuPointerGetAttribute gave {err!r} "
+                         "(not memory of a CUDA device?)")
+    return int(ordinal)
+
+
+def event():
+    """A new CUDA event without timing (record it on one stream, wait for it
+    on another)."""
+    return cuda.event() if config.ENABLE_CUDASIM else cuda.event(timing=False)
 
 
 def synchronize():
     """Wait for the current stream (before MPI reads what its kernels wrote)."""
-    stream = current_stream()
-    if stream:
-        stream.synchronize()
-    else:
-        cuda.synchronize()
+    current_stream().synchronize()
 
 
 def mpi_buffer(a):

@@ -1,0 +1,160 @@
+"""Guards for what numba's CUDA simulator hides (``tests/cudasim.py``).
+
+* numba.cuda kernels stored in classes: no CUDA dispatcher of hpccomm may
+  be a plain class attribute (read from an instance, it binds as a method
+  and cannot be launched), scanned over every class of every hpccomm
+  module, with real dispatchers (plain interpreter) and with the
+  simulator's kernels (the harness binds them the same way);
+* the launch helpers refuse a bound method, naming the fix;
+* the harness itself: its picture of numba's ``DeviceNDArray`` is the real
+  class's, and a kernel stored as a plain class attribute fails under it
+  the way it fails on a GPU.
+
+No GPU is needed: numba creates dispatchers without compiling them.
+"""
+import functools
+import importlib
+import inspect
+import pkgutil
+import re
+
+import pytest
+from numba import cuda
+
+from .cudasim import DEVICE_ARRAY_API, run_check
+
+_run = functools.partial(run_check, "test_cuda_harness")
+
+#: hpccomm modules that need what a test machine may lack (skipped by the scan)
+OPTIONAL = ("torch", "sklearn", "matplotlib", "mnist1d", "cupy")
+
+
+def _is_dispatcher(value) -> bool:
+    from numba import config
+
+    if config.ENABLE_CUDASIM:
+        from numba.cuda.simulator.kernel import FakeCUDAKernel
+
+        return isinstance(value, FakeCUDAKernel)
+    from numba.cuda.dispatcher import CUDADispatcher
+
+    return isinstance(value, CUDADispatcher)
+
+
+def dispatchers_as_class_attributes():
+    """``(module.Class.name, ...)`` of every CUDA dispatcher held as a plain
+    class attribute by a class defined in hpccomm; and the modules that could
+    not be imported for want of an optional package."""
+    import hpccomm
+
+    found, skipped = [], []
+    for info in pkgutil.walk_packages(hpccomm.__path__, "hpccomm."):
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError as exc:
+            if getattr(exc, "name", None) and exc.name.split(".")[0] in OPTIONAL:
+                skipped.append(info.name)
+                continue
+            raise
+        for cls_name, cls in inspect.getmembers(module, inspect.isclass):
+            if not cls.__module__.startswith("hpccomm"):
+                continue
+            for attr, value in vars(cls).items():
+                if _is_dispatcher(value):
+                    found.append(f"{cls.__module__}.{cls_name}.{attr}")
+    return sorted(set(found)), skipped
+
+
+def test_no_cuda_dispatcher_is_a_plain_class_attribute():
+    """Real dispatchers (a plain interpreter: numba.cuda without a GPU)."""
+    found, _ = dispatchers_as_class_attributes()
+    assert not found, ("numba.cuda kernels stored as plain class attributes bind as methods on "
+                       f"a GPU (wrap them in staticmethod): {found}")
+
+
+def check_no_dispatcher_is_a_plain_class_attribute():
+    found, _ = dispatchers_as_class_attributes()
+    assert not found, found
+
+
+def test_no_simulated_kernel_is_a_plain_class_attribute():
+    _run("check_no_dispatcher_is_a_plain_class_attribute")
+
+
+@cuda.jit
+def kernel(a):
+    """A kernel for the checks here (module level: the simulator gives a
+    kernel its fake ``cuda`` through the module's globals)."""
+    i = cuda.grid(1)
+    if i < a.size:
+        a[i] = a.size          # an array attribute inside a kernel: numpy's
+
+
+def test_the_scan_finds_a_plain_class_attribute():
+    """The scan's detector sees a dispatcher stored plainly, and not one
+    wrapped in staticmethod."""
+    plain = type("Plain", (), {"k": kernel})
+    wrapped = type("Wrapped", (), {"k": staticmethod(kernel)})
+    assert [a for a, v in vars(plain).items() if _is_dispatcher(v)] == ["k"]
+    assert not [a for a, v in vars(wrapped).items() if _is_dispatcher(v)]
+
+
+def test_launch_helpers_refuse_a_bound_method():
+    """A dispatcher read from an instance is a bound method: each launch
+    helper refuses it with the fix in the message (before any CUDA call, so
+    no GPU is needed)."""
+    from hpccomm.kernels import cuda_util as U
+
+    holder = type("Holder", (), {"k": kernel})()
+    bound = holder.k
+    assert inspect.ismethod(bound)
+    for call in (lambda: U.launch(32, bound, 10, None), lambda: U.launch_grid(32, bound, 10, None),
+                 lambda: U.single(bound, None)):
+        with pytest.raises(TypeError, match=r"kernel 'kernel' was read from an instance of "
+                                            r"Holder.*staticmethod"):
+            call()
+
+
+def test_device_array_api_is_numbas():
+    """The harness lets host code use exactly what numba's real
+    ``DeviceNDArray`` offers: its public class attributes and the attributes
+    its ``__init__`` sets."""
+    from numba.cuda.cudadrv import devicearray
+
+    cls = devicearray.DeviceNDArray
+    public = {a for a in dir(cls) if not a.startswith("_")}
+    init = set(re.findall(r"self\.([a-z]\w*)\s*=",
+                          inspect.getsource(devicearray.DeviceNDArrayBase.__init__)))
+    assert DEVICE_ARRAY_API == public | init
+    assert "copy" not in DEVICE_ARRAY_API
+
+
+def check_harness_binds_and_restricts():
+    """Under the harness: a kernel stored plainly in a class fails to launch
+    as on a GPU (and works through staticmethod); a device array has no
+    numpy-only attribute outside kernels, all of numpy's inside them."""
+    import numpy as np
+
+    from hpccomm.kernels import cuda_util as U
+
+    d = cuda.to_device(np.zeros(5, np.float32))
+    plain = type("Plain", (), {"k": kernel})()
+    wrapped = type("Wrapped", (), {"k": staticmethod(kernel)})()
+    try:
+        plain.k[1, 8](d)
+    except TypeError as exc:
+        assert "not subscriptable" in str(exc), exc
+    else:
+        raise AssertionError("a plainly stored kernel launched under the harness")
+    U.launch(8, wrapped.k, 5, d)
+    assert U.to_host(d).tolist() == [5.0] * 5
+    try:
+        d.copy()
+    except AttributeError as exc:
+        assert "DeviceNDArray has no attribute 'copy'" in str(exc), exc
+    else:
+        raise AssertionError("the harness let a device array take numpy's copy()")
+
+
+def test_harness_binds_and_restricts():
+    _run("check_harness_binds_and_restricts")
