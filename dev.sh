@@ -6,12 +6,21 @@
 #                              (no ARGS: 4 KiB-64 MiB, MPI_Allreduce vs none/bf16/onebit/
 #                              terngrad/qsgd/topk/randk through twoshot)
 #   ./dev.sh test  [ARGS...]   the whole test suite (python tests/run.py ARGS)
+#   ./dev.sh gpu [--simulate]  the GPU check: gpu tests at 1, 2, 5 ranks, codec and allreduce
+#                              benchmarks (CuPy, torch) with MPI_Allreduce in the same run;
+#                              report in bench-out/gpu-report.txt (+ .json), <= 6 minutes.
+#                              Needs no network: a venv over the python3 on PATH (which holds
+#                              numba-cuda, CuPy, torch) plus the wheels in $HPCCOMM_WHEELS
+#                              (mpich, mpi4py, pytest-mpi). --simulate: the same on numba's
+#                              CUDA simulator at tiny sizes, over the dev venv (CI runs it)
 #   ./dev.sh run CMD...        any command inside the venv (e.g. ./dev.sh run mpiexec -n 4 ...)
 #
 # Environment: PYTHON (interpreter for the venv, default python3), HPCCOMM_VENV
 # (venv path, default .venv), NP (ranks for bench, default 2), HPCCOMM_EXTRAS
 # (pip extras, default mpich,test,train), HPCCOMM_TORCH (torch requirement the
-# tests install, default torch==2.13.0: a CPU wheel; "none" skips torch).
+# tests install, default torch==2.13.0: a CPU wheel; "none" skips torch),
+# HPCCOMM_WHEELS (gpu: a folder of wheels for the GPU interpreter), HPCCOMM_GPU_VENV
+# (gpu: the venv it builds, default build/gpu-venv).
 set -euo pipefail
 cd "$(dirname "$0")"
 VENV=${HPCCOMM_VENV:-.venv}
@@ -33,6 +42,26 @@ setup() {
         touch "$stamp"
     fi
     export PATH="$PWD/$VENV/bin:$PATH"
+}
+
+# The GPU check's venv: over interpreter $1, whose packages it sees through a .pth
+# file (venv --system-site-packages would see only the base install of an interpreter
+# that is itself a venv) that adds $1's site directories with their own .pth files
+# (numba-cuda's redirection of numba.cuda is one), with the wheels of folder $2
+# installed into it (no index; they come first).
+gpu_venv() {
+    local base=$1 wheels=$2 venv=${HPCCOMM_GPU_VENV:-build/gpu-venv}
+    rm -rf "$venv"
+    "$base" -m venv "$venv"
+    local site
+    site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    "$base" -c 'import sys; print("".join(f"import site; site.addsitedir({p!r})\n"
+                                        for p in sys.path if p.endswith("-packages")))' \
+        > "$site/hpccomm-base.pth"
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps \
+        --ignore-installed \
+        "$wheels"/*.whl
+    GPU_VENV=$PWD/$venv
 }
 
 setup_torch() {
@@ -60,12 +89,32 @@ case "$cmd" in
         setup_torch
         exec python tests/run.py "$@"
         ;;
+    gpu)
+        if [ "${1:-}" = "--simulate" ]; then
+            # CI: the dev venv (numba-cuda's simulator) is the base, the wheels come from
+            # the package index, and every step runs on the simulator
+            setup
+            wheels=${HPCCOMM_WHEELS:-build/gpu-wheels}
+            if [ -z "${HPCCOMM_WHEELS:-}" ]; then
+                rm -rf "$wheels"
+                "$VENV/bin/python" -m pip download -q --disable-pip-version-check --no-deps \
+                    --only-binary=:all: -d "$wheels" mpich mpi4py pytest-mpi
+            fi
+            base=$PWD/$VENV/bin/python
+        else
+            wheels=${HPCCOMM_WHEELS:?set HPCCOMM_WHEELS to a folder with mpich, mpi4py and pytest-mpi wheels for $PYTHON}
+            base=$(command -v "$PYTHON")
+        fi
+        gpu_venv "$base" "$wheels"
+        export PATH="$GPU_VENV/bin:$PATH" LD_LIBRARY_PATH="$GPU_VENV/lib:${LD_LIBRARY_PATH:-}"
+        exec "$GPU_VENV/bin/python" tests/gpucheck.py "$@"
+        ;;
     run)
         setup
         exec "$@"
         ;;
     *)
-        sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+        sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'
         exit 2
         ;;
 esac
