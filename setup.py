@@ -16,6 +16,8 @@ with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     long_description = f.read()
 
 TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
+        # the tests that need no MPI run on every core (tests/run.py)
+        "pytest-xdist>=3",
         # numpy bfloat16 arrays for the bfloat16 buffer tests
         "ml_dtypes>=0.3",
         # the digits dataset for the short training tests

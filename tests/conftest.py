@@ -14,6 +14,9 @@ def pytest_configure(config):
         install()
     config.addinivalue_line("markers", "wide: MPI test that also runs at 6, 7 and 8 ranks")
     config.addinivalue_line("markers", "slow: MPI test run once, at 2 ranks (large memory)")
+    config.addinivalue_line("markers", "alone: test that needs the machine to itself (daemons, "
+                            "network namespaces): tests/run.py runs it after the other plain "
+                            "tests, which run on every core")
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU (numba.cuda finds one); skips "
                             "without")
     config.addinivalue_line("markers", "cudasim: MPI test of the device path, run under numba's "

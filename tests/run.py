@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Run hpccomm's whole test suite: plain pytest, then the MPI tests under
-``mpiexec -n K`` for several rank counts (and the tests marked ``wide`` at
-6, 7 and 8 ranks too; the tests marked ``cudasim`` at 1 and 3 ranks
-under numba's CUDA simulator, and those also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond 2 GiB)
-once, at 2 ranks.
+"""Run hpccomm's whole test suite: plain pytest (a test file per core,
+pytest-xdist; then the tests marked ``alone``, daemons and network
+namespaces, by themselves), then the MPI tests under ``mpiexec -n K`` for several rank
+counts (and the tests marked ``wide`` at 6, 7 and 8 ranks too; the tests
+marked ``cudasim`` at 1 and 3 ranks under numba's CUDA simulator, and those
+also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond
+2 GiB) once, at 2 ranks.
 
     python tests/run.py [--ranks 1,2,3,4,5] [--wide-ranks 6,7,8] [--slow-ranks 2]
-                        [--timeout 900] [-- pytest args]
+                        [--workers auto] [--timeout 900] [-- pytest args]
 
 Every mpiexec is wrapped in a timeout, and each test has its own
 (pytest-timeout, thread method: a hung rank dumps its stacks and exits, so
@@ -85,6 +87,9 @@ def main():
     ap.add_argument("--timeout", type=int, default=900, help="seconds per mpiexec run")
     ap.add_argument("--test-timeout", type=int, default=240, help="seconds per test")
     ap.add_argument("--no-plain", action="store_true", help="skip the non-MPI tests")
+    ap.add_argument("--workers", default=os.environ.get("HPCCOMM_TEST_WORKERS", "auto"),
+                    help="pytest-xdist processes for the non-MPI tests (default auto: one per "
+                         "core; 0: none); those marked 'alone' run after them, by themselves")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
 
@@ -104,7 +109,11 @@ def main():
             "-q", f"--timeout={args.test_timeout}", "--timeout-method=thread", *args.pytest_args]
     total, results = {}, []
     if not args.no_plain:
-        results.append(("plain",) + run("plain", base + ["-m", "not mpi"], args.timeout, env))
+        workers = [] if args.workers in ("0", "") else ["-n", args.workers, "--dist", "loadfile"]
+        results.append(("plain",) + run("plain", base + ["-m", "not mpi and not alone", *workers],
+                                        args.timeout, env))
+        results.append(("alone",) + run("alone", base + ["-m", "not mpi and alone"], args.timeout,
+                                        env))
     for k in [int(v) for v in args.ranks.split(",") if v.strip()]:
         label = f"mpi-n{k}"
         cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),

@@ -294,6 +294,8 @@ def _netem_possible():
     return None
 
 
+# network namespaces, and a check that none is left behind: run alone (tests/run.py)
+@pytest.mark.alone
 @pytest.mark.skipif(_netem_possible() is not None, reason=f"netem: {_netem_possible()}")
 @pytest.mark.parametrize("mode", ["per-host", "shared"])
 def test_netem_tiny_run_and_teardown(tmp_path, mode):
@@ -435,6 +437,7 @@ def test_overlap_bench_runs_and_records_every_variant(tmp_path):
     assert proc.returncode != 0 and "one entry per codec" in proc.stderr
 
 
+@pytest.mark.alone
 @pytest.mark.skipif(_netem_possible() is not None, reason=f"netem: {_netem_possible()}")
 def test_netem_ranks_per_host_makes_nodes(tmp_path):
     """--ranks-per-host 2 at 4 ranks: two emulated hosts of two ranks each;

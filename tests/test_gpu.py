@@ -270,7 +270,7 @@ def test_index_arithmetic_beyond_2_31(codec_name):
     from hpccomm.device_codecs import device_codec_for
     from hpccomm.kernels import cuda_util as U
 
-    n, tail = (1 << 31) + 5, 1 << 16
+    n, tail = (1 << 31) + 5, 1 << 18         # the ends: 2 x 32 onebit columns of 4096
     codec = hpccomm.get_codec(codec_name)
     twin = device_codec_for(codec)
     gen = cupy.random.default_rng(3)

@@ -17,6 +17,10 @@ from hpccomm.slurm import find_template, main as slurm_main
 
 from .slurm_cluster import LocalSlurm, NetnsSlurm, ensure_installed, netns_problem
 
+# Slurm's daemons and the emulated hosts' network namespaces, whose timeouts a loaded
+# machine trips: run alone (tests/run.py)
+pytestmark = pytest.mark.alone
+
 
 def test_templates_are_found_and_documented():
     for name in ("bench", "bench-gpu", "train"):
