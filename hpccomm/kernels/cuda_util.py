@@ -84,7 +84,7 @@ def stream_for(device: int, handle: int):
             stream = cuda.per_thread_default_stream()
         else:
             stream = cuda.external_stream(int(handle))
-        stream = _STREAMS[key] = stream
+        _STREAMS[key] = stream
     return stream
 
 
