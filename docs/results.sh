@@ -15,6 +15,10 @@ bench() { mpiexec -n "$1" python -m mpi4py -m hpccomm.bench "${@:2}"; }
 device() {
   mpiexec -n 3 env NUMBA_ENABLE_CUDASIM=1 python docs/device_staging.py 4096 \
     | tee $OUT/device-staging-p3.txt
+  for p in 1 3; do
+    mpiexec -n $p env NUMBA_ENABLE_CUDASIM=1 python docs/device_launches.py \
+      | tee $OUT/device-launches-p$p.txt
+  done
 }
 codecs() {
   python -m hpccomm.bench codecs --sizes 1M,64M -J $OUT/codecs.json | tee $OUT/codecs.txt
