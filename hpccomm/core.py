@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_bf16_bits,
                       placement_of, resolve_gpu_aware)
-from .codecs.base import Codec, get_codec, own_algorithm
+from .codecs.base import Codec, default_algorithm, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.mpi import device_allreduce
 from .collectives.on_device import DEVICE_ALGORITHMS, DevicePath, why_not_on_device
@@ -42,7 +42,10 @@ class Allreducer:
     codec, algorithm:
         Names from :func:`available_codecs` / :func:`available_algorithms`, or
         a :class:`~hpccomm.codecs.Codec` instance.  Without an algorithm:
-        ``"mpi"``, or the codec's own (``powersgd``'s).
+        ``"twoshot"`` for a codec that sends packets (every quantizer and
+        sparsifier), the codec's own for ``powersgd``, and ``"mpi"``
+        (``MPI_Allreduce``) for ``codec="none"``.  ``algorithm="auto"``
+        chooses per call from a calibrated cost model.
     op:
         ``"sum"`` or ``"mean"`` (the mean divides the sum by the number of
         ranks once, at the end, with IEEE division).
@@ -117,7 +120,7 @@ class Allreducer:
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
         if algorithm is None:
-            algorithm = own_algorithm(codec) or "mpi"
+            algorithm = default_algorithm(codec)
         alg_cls = get_algorithm_class(algorithm)
         codec_opts, alg_opts = resolve_options(codec, algorithm, options)
         codec_opts.update(codec_options or {})

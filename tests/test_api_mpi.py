@@ -202,3 +202,37 @@ def test_comm_subsets():
         np.testing.assert_array_equal(res, np.full(5, sum(members), dtype=np.float32))
     finally:
         sub.Free()
+
+
+# -- the call a user writes first: a codec and no algorithm ------------------
+
+@pytest.mark.parametrize("codec", ["onebit", "topk", "qsgd", "bf16"])
+def test_a_codec_without_an_algorithm_compresses(codec):
+    # the one-line call sends the codec's packets through twoshot: the same
+    # bits as naming twoshot, and fewer bytes than the dense values
+    n = 4097
+    x = rank_data(n)
+    res = hpccomm.allreduce(x, codec=codec)
+    same = same_on_all_ranks(res)
+    np.testing.assert_array_equal(res, hpccomm.allreduce(x, codec=codec, algorithm="twoshot"))
+    assert same
+    reducer = hpccomm.Allreducer(codec=codec)
+    assert reducer.config_error is None and reducer.algorithm.name == "twoshot"
+    reducer(x, key="g")
+    if SIZE > 1:
+        assert 0 < reducer.stats.last.bytes_sent < x.nbytes
+
+
+def test_default_algorithms_by_codec():
+    for codec in [c for c in hpccomm.available_codecs() if not c.startswith("test-")]:
+        reducer = hpccomm.Allreducer(codec=codec)
+        want = {"none": "mpi", "powersgd": "powersgd"}.get(codec, "twoshot")
+        assert reducer.config_error is None, (codec, reducer.config_error)
+        assert reducer.algorithm.name == want, codec
+    assert hpccomm.Allreducer(codec="qsgd+rotate").algorithm.name == "twoshot"
+    assert hpccomm.Allreducer(codec=hpccomm.get_codec("topk", ratio=0.1)).algorithm.name == "twoshot"
+
+
+def test_a_lossy_codec_named_with_mpi_still_raises_everywhere():
+    with pytest.raises(ValueError, match="algorithm 'mpi' sends dense values"):
+        hpccomm.allreduce(rank_data(8), codec="onebit", algorithm="mpi")

@@ -102,7 +102,8 @@ def test_lossy_codec_with_the_dense_algorithm():
         codec_id = 250
 
     hpccomm.register_codec(Lossy)
-    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), codec="test-lossy-f32"),
+    expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), codec="test-lossy-f32",
+                                                algorithm="mpi"),
                       ValueError, "algorithm 'mpi' sends dense values")
 
 

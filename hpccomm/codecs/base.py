@@ -422,6 +422,24 @@ def own_algorithm(spec) -> Optional[str]:
     return CODECS.get(name).algorithm if name in CODECS else None
 
 
+def default_algorithm(spec) -> str:
+    """The algorithm a call with this codec takes when it names none: the
+    codec's own (``powersgd``), ``"mpi"`` for the lossless ``none`` (dense
+    values, ``MPI_Allreduce``), and ``"twoshot"`` for every codec that sends
+    packets (the quantizers and the sparsifiers).  ``"auto"`` is not the
+    default: on a link where compression does not pay it chooses dense, but its
+    model ranks the compressed algorithms within its own error of each other
+    (docs/results/auto.md)."""
+    own = own_algorithm(spec)
+    if own is not None:
+        return own
+    if isinstance(spec, Codec):
+        return "mpi" if spec.lossless else "twoshot"
+    name = split_rotate(spec)[0] if isinstance(spec, str) else None
+    cls = CODECS.get(name) if name in CODECS else None
+    return "mpi" if cls is None or cls.lossless else "twoshot"
+
+
 def get_codec(spec, **params) -> Codec:
     """A codec instance from a name (with ``params``) or an instance.
 
