@@ -3,8 +3,10 @@
 # hpccomm with the MPICH wheel and the test tools into it, then:
 #
 #   ./dev.sh bench [ARGS...]   mpiexec -n ${NP:-2} python -m mpi4py -m hpccomm.bench allreduce ARGS
-#                              (no ARGS: 4 KiB-64 MiB, MPI_Allreduce vs none/bf16/onebit/
-#                              terngrad/qsgd/topk/randk through twoshot)
+#                              (no ARGS: calibrate auto if this machine has no profile,
+#                              then 4 KiB-64 MiB, MPI_Allreduce vs bf16/onebit/terngrad/
+#                              qsgd/topk/randk through auto and twoshot, and a line per
+#                              codec: where compression paid)
 #   ./dev.sh test  [ARGS...]   the whole test suite (python tests/run.py ARGS)
 #   ./dev.sh gpu [--simulate]  the GPU check: gpu tests at 1, 2, 5 ranks, codec and allreduce
 #                              benchmarks (CuPy, torch) with MPI_Allreduce in the same run;
@@ -78,9 +80,11 @@ case "$cmd" in
     bench)
         setup
         if [ $# -eq 0 ]; then
-            # the default sweep: MPI_Allreduce against a codec of each family
-            set -- -m 4K:64M -f 4 --codec none,bf16,onebit,terngrad,qsgd,topk,randk \
-                --algorithm mpi,twoshot
+            # the default sweep: MPI_Allreduce against a codec of each family, each
+            # through auto (calibrated once per machine and rank count) and twoshot
+            mpiexec -n "${NP:-2}" python -m mpi4py -m hpccomm.bench calibrate --if-missing
+            set -- -m 4K:64M -f 4 --codec bf16,onebit,terngrad,qsgd,topk,randk \
+                --algorithm auto,twoshot
         fi
         exec mpiexec -n "${NP:-2}" python -m mpi4py -m hpccomm.bench allreduce "$@"
         ;;

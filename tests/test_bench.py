@@ -484,3 +484,56 @@ def test_codecs_device_cuda_on_the_simulator(tmp_path):
     assert reported == without, (reported, without, proc.stdout)
     fused = [r for r in rows if r["same_packet_as_host"] is not None]
     assert fused and all(r["same_packet_as_host"] for r in fused), fused
+
+
+def test_default_sweep_shape(tmp_path):
+    # ./dev.sh bench's shape at tiny sizes: codecs crossed with auto, twoshot and
+    # mpi print no "skipped" line for the pairs mpi cannot carry, name auto's
+    # choice on its rows, and end with one line per codec
+    profile = tmp_path / "profile.json"
+    env = {**ENV, "HPCCOMM_PROFILE": str(profile)}
+    cal = [MPIEXEC, "-n", "2", PY, "-m", "mpi4py", "-m", "hpccomm.bench", "calibrate", "--quick",
+           "--codec", "onebit,topk", "--if-missing"]
+    first = subprocess.run(cal, capture_output=True, text=True, timeout=240, env=env)
+    assert first.returncode == 0 and f"wrote {profile}" in first.stdout, first.stderr
+    again = subprocess.run(cal, capture_output=True, text=True, timeout=240, env=env)
+    assert again.returncode == 0 and "exists" in again.stdout and "wrote" not in again.stdout
+    out = tmp_path / "r.json"
+    proc = subprocess.run([MPIEXEC, "-n", "2", PY, "-m", "mpi4py", "-m", "hpccomm.bench",
+                           "allreduce", "-m", "4K:64K", "-f", "16", "-i", "3", "-x", "1",
+                           "--codec", "onebit,topk", "--algorithm", "mpi,auto,twoshot",
+                           "--no-progress", "-J", str(out)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipped" not in proc.stdout
+    rows = json.loads(out.read_text())["rows"]
+    autos = [r for r in rows if r["algorithm_name"] == "auto"]
+    assert len(autos) == 2 * 2 and all(r["auto_profile"] == str(profile) for r in autos)
+    for r in autos:
+        assert f"auto:{r['auto_choice']}" in proc.stdout
+    assert f"# auto decided by: {profile}" in proc.stdout
+    tail = proc.stdout.splitlines()[-2:]
+    assert [line.split()[1] for line in tail] == ["onebit", "topk"]
+    # a pair named by itself that cannot run is still said
+    alone = bench(2, "allreduce", "-m", "4K:4K", "-i", "2", "-x", "1", "--codec", "onebit",
+                  "--algorithm", "mpi", "--no-progress")
+    assert alone.returncode == 0 and "# skipped onebit+mpi" in alone.stdout
+
+
+def test_summary_says_where_compression_paid():
+    from hpccomm.bench.allreduce import summary
+
+    def row(size, codec, alg, t, choice=None):
+        return {"size": size, "codec_name": codec, "algorithm": alg, "algorithm_name": alg,
+                "time_median": t, "auto_choice": choice, "auto_profile": None}
+
+    rows = [row(1024, "-", "MPI_Allreduce", 1.0), row(4096, "-", "MPI_Allreduce", 4.0),
+            row(1024, "none", "mpi", 1.1), row(4096, "none", "mpi", 4.1),
+            row(1024, "onebit", "auto", 1.02, "dense"), row(1024, "onebit", "twoshot", 2.0),
+            row(4096, "onebit", "auto", 1.0, "twoshot"), row(4096, "onebit", "twoshot", 1.6),
+            row(1024, "topk", "twoshot", 0.97), row(4096, "topk", "twoshot", 3.9)]
+    lines = summary(rows)
+    assert lines[-2] == ("#   onebit     paid at 4KiB: up to 4.00x (auto:twoshot, 4KiB); "
+                         "auto sent dense at 1KiB")
+    # 1.03x is within the noise: not paid
+    assert lines[-1] == "#   topk       did not pay here: at best 1.03x MPI_Allreduce (twoshot, 1KiB)"

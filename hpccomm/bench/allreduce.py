@@ -6,7 +6,12 @@ the baseline (row ``MPI_Allreduce``; ``speedup`` is relative to it), then
 hpccomm's ``none``+``mpi`` (the same MPI call through hpccomm, which shows the
 library's per-call overhead), then each requested (codec, algorithm) case,
 size by size.  Output follows the OSU micro-benchmarks' shape: ``#`` header
-lines, then one row per (size, case).
+lines, then one row per (size, case), then one line per codec: the sizes
+where it was faster than ``MPI_Allreduce`` of the same run, and by how much.
+An ``auto`` row names the algorithm ``auto`` chose (``auto:twoshot``,
+``auto:dense``).  Codecs and algorithms are crossed; a pair whose algorithm
+cannot carry the codec (``onebit`` with ``mpi``) is left out, and said only when
+a codec or an algorithm is left with no pair at all.
 
 Timing: each iteration is ``Barrier; t0; reduce; t1`` on every rank; the time
 of an iteration is the slowest rank's (MAX over ranks), and the table reports
@@ -357,6 +362,9 @@ def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed,
         "reference_failures": ref_failures, "reference": ref_info["reference"],
         "band": ref_info["band"], "gain": ref_info["gain"],
         "result_hash": last_hash, "fresh_hash": result_hash(fresh_out),
+        # auto: what it chose for this size, and the profile it decided by
+        "auto_choice": reducer.stats.last.extra.get("auto"),
+        "auto_profile": getattr(reducer.algorithm, "source", None),
     }
 
 
@@ -385,7 +393,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown algorithm {a!r}; available: "
                              f"{', '.join(hpccomm.available_algorithms())}")
     cases = [("-", "MPI_Allreduce"), ("none", "mpi")]
-    skipped = []
+    refused = {}
     for c in codecs:
         own = own_algorithm(c)    # powersgd: its own algorithm only
         for a in ([own] if own else algorithms):
@@ -396,9 +404,11 @@ def main(argv=None) -> int:
             reducer = hpccomm.Allreducer(comm, codec=c, algorithm=a, **case_options(c, a, options))
             exc = reducer.config_error
             if exc is not None:
-                skipped.append(f"{c}+{a}: {exc}")
+                refused[c, a] = exc
                 continue
             cases.append((c, a))
+    skipped = [f"{c}+{a}: {exc}" for (c, a), exc in refused.items()
+               if not any(cc == c for cc, _ in cases) or not any(aa == a for _, aa in cases)]
     unused = [k for k in options
               if not any(case_options(c, a, {k: None}) for c, a in cases[1:])]
     if unused:
@@ -431,8 +441,8 @@ def main(argv=None) -> int:
         cols = ("size", "count", "codec", "algorithm", "med(us)", "min(us)", "max(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "wire(B)", "ratio", "speedup", "rel_err",
                 "enc%", "comm%", "dec%") + (("#wrong", "ref") if args.check else ())
-        print("#" + "".join(f"{c:>14}" if i not in (2, 3) else f"{c:>12}"
-                            for i, c in enumerate(cols))[1:])
+        print("#" + "".join(f"{c:>14}" if i not in (2, 3) else f"{c:>12}" if i == 2
+                            else f"{c:>14}" for i, c in enumerate(cols))[1:])
         sys.stdout.flush()
 
     rows = []
@@ -468,7 +478,8 @@ def main(argv=None) -> int:
             if rank == 0:
                 tot = max(t, 1e-12)
                 ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
-                print(f"{nbytes:>13} {n:>13} {codec:>11} {algorithm:>11} "
+                shown = f"auto:{r['auto_choice']}" if r.get("auto_choice") else algorithm
+                print(f"{nbytes:>13} {n:>13} {codec:>11} {shown:>13} "
                       f"{t * 1e6:>13.1f} {r['time_min'] * 1e6:>13.1f} {r['time_max'] * 1e6:>13.1f} "
                       f"{algbw:>13.3f} {r['busbw']:>13.3f} {r['wire_bytes']:>13} {ratio:>13} "
                       f"{r['speedup']:>13.2f} {r['rel_err']:>13.2e} "
@@ -480,6 +491,8 @@ def main(argv=None) -> int:
     wrong = sum(r["wrong"] or 0 for r in rows)
     off = sum(r["reference_ok"] is False for r in rows)
     if rank == 0:
+        for line in summary(rows):
+            print(line)
         if args.check:
             bad = [f"{r['size']} {r['codec']}+{r['algorithm']}: {', '.join(r['check_failures'])}"
                    for r in rows if r["wrong"]]
@@ -494,12 +507,64 @@ def main(argv=None) -> int:
         if args.csv:
             import csv
 
-            keys = list(rows[0].keys()) if rows else []
+            keys = list(dict.fromkeys(k for r in rows for k in r))   # MPI_Allreduce has fewer
             with open(args.csv, "w", newline="", encoding="utf-8") as f:
                 w = csv.DictWriter(f, fieldnames=keys)
                 w.writeheader()
                 w.writerows(rows)
     return 1 if wrong or off else 0
+
+
+#: a codec "pays" at a size where its fastest algorithm beats MPI_Allreduce
+#: of the same run by more than this (the harness's run-to-run noise)
+PAYS = 1.05
+
+
+def summary(rows) -> list:
+    """One line per codec: the sizes where its fastest compressed case beat
+    ``MPI_Allreduce`` of the same run by more than :data:`PAYS`, and by how
+    much; or, where it never did, its best ratio.  An ``auto`` call that sent
+    dense values is not compression: it is counted apart."""
+    raw = {r["size"]: r["time_median"] for r in rows if r["algorithm"] == "MPI_Allreduce"}
+    best, dense = {}, {}
+    for r in rows:
+        if r["algorithm"] == "MPI_Allreduce" or r["codec_name"] == "none":
+            continue
+        codec = r["codec_name"]
+        per_size = best.setdefault(codec, {})
+        if r.get("auto_choice") == "dense":
+            dense.setdefault(codec, set()).add(r["size"])
+            continue
+        t = r["time_median"]
+        speed = raw[r["size"]] / t if t > 0 else float("inf")
+        label = f"auto:{r['auto_choice']}" if r.get("auto_choice") else r["algorithm_name"]
+        if r["size"] not in per_size or speed > per_size[r["size"]][0]:
+            per_size[r["size"]] = (speed, label)
+    if not best:
+        return []
+    profiles = sorted({r["auto_profile"] for r in rows if r.get("auto_profile")})
+    lines = [f"# auto decided by: " + ", ".join(
+        "the built-in defaults (no profile for these hosts and ranks: mpiexec -n P python -m "
+        "hpccomm.bench calibrate)" if p == "defaults" else p for p in profiles)] if profiles else []
+    lines.append(f"# where compression paid: each codec's fastest compressed case against "
+                 f"MPI_Allreduce of the same run (> {PAYS:.2f}x)")
+    for codec, per_size in best.items():
+        sizes = sorted(dense.get(codec, ()))
+        note = (f"; auto sent dense at {fmt_bytes(sizes[0])}-{fmt_bytes(sizes[-1])}"
+                f" ({len(sizes)} sizes)" if len(sizes) > 1 else
+                f"; auto sent dense at {fmt_bytes(sizes[0])}" if sizes else "")
+        if not per_size:
+            lines.append(f"#   {codec:<10} not compressed at any size{note}")
+            continue
+        paid = [size for size, (speed, _) in sorted(per_size.items()) if speed > PAYS]
+        top_size, (top, how) = max(per_size.items(), key=lambda kv: kv[1][0])
+        if paid:
+            lines.append(f"#   {codec:<10} paid at {', '.join(fmt_bytes(p) for p in paid)}: "
+                         f"up to {top:.2f}x ({how}, {fmt_bytes(top_size)}){note}")
+        else:
+            lines.append(f"#   {codec:<10} did not pay here: at best {top:.2f}x MPI_Allreduce "
+                         f"({how}, {fmt_bytes(top_size)}){note}")
+    return lines
 
 
 def _ref_cell(ok) -> str:

@@ -142,6 +142,9 @@ def build_parser():
     g.add_argument("--full", action="store_true", help="11 sizes up to 256 MiB, 9 repetitions")
     p.add_argument("-o", "--output", default=None, help="profile file (default: see above)")
     p.add_argument("--codec", default=None, help="comma-separated codecs (default: all)")
+    p.add_argument("--if-missing", action="store_true",
+                   help="measure only when no valid profile exists at the path (./dev.sh bench "
+                        "uses this before its sweep)")
     return p
 
 
@@ -158,6 +161,14 @@ def main(argv=None) -> int:
     comm = MPI.COMM_WORLD.Dup()
     P, rank = comm.Get_size(), comm.Get_rank()
     hosts = host_set_key(comm) if P > 1 else "local"
+    path = args.output or cost_model.profile_path(hosts, P)
+    if args.if_missing:
+        usable = rank == 0 and cost_model.load(path)[1] == path
+        if comm.bcast(usable):
+            if rank == 0:
+                print(f"# hpccomm calibrate: the profile {path} exists (delete it to measure "
+                      "again)")
+            return 0
     t0 = time.perf_counter()
     patterns = measure_patterns(comm, LADDERS[mode], REPS[mode])
     names = (args.codec.split(",") if args.codec else
@@ -190,7 +201,6 @@ def main(argv=None) -> int:
                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
                "patterns": patterns, "kernels": kernels, "overhead": overhead,
                "oversubscription": over}
-    path = args.output or cost_model.profile_path(hosts, P)
     if rank == 0:
         cost_model.save(profile, path)
         print(f"# hpccomm calibrate ({mode}, P = {P}, {time.perf_counter() - t0:.1f} s): "
