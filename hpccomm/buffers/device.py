@@ -388,5 +388,5 @@ def device_backend_for(obj: Any) -> DeviceBackend:
             return backend
     raise TypeError(
         f"{type(obj).__name__} lives in device memory but no device backend handles it: "
-        "install CuPy (pip install 'hpccomm[gpu]') or register a DeviceBackend"
+        "install CuPy (pip install 'hpccomm[gpu-cuda12]' or '[gpu-cuda13]') or register a DeviceBackend"
     )
