@@ -1,7 +1,7 @@
 """Bits per element of ``ebq`` on Gaussian input of 2^24 elements (sigma 1
 and 0.01) at bounds 1e-3 and 1e-2, the largest error of a round trip against
 the bound, and the entropy of the codes (what an ideal entropy coder would
-need) (docs/results.md, *ebq*).  ``python docs/ebq_sizes.py``"""
+need) (docs/results/codecs-new.md, *ebq*).  ``python docs/ebq_sizes.py``"""
 import numpy as np
 
 import hpccomm

@@ -3,7 +3,7 @@ Gaussian input of 2^22 elements (two seeds): bits per element of the packet,
 the paper's part of it (scales and Elias bits, without the per-bucket table
 and padding), QSGD's expected-size bound (Alistarh et al., Theorem 3.2, log2,
 without the o(1) term), the worst case and the non-zero fraction
-(docs/results.md, *Elias QSGD*).  ``python docs/elias_sizes.py``"""
+(docs/results/codecs-new.md, *qsgd(elias=True)*).  ``python docs/elias_sizes.py``"""
 import math, numpy as np, hpccomm
 from hpccomm.codecs.base import EncodeContext
 n = 1 << 22

@@ -1,8 +1,15 @@
 #!/usr/bin/env bash
-# Reproduces the measurements of docs/results.md (run from the repository root,
+# Reproduces the measurements of docs/results/ (run from the repository root,
 # as root for the netem part, with nothing else running: 2 cores are shared).
 #   ./docs/results.sh [codecs|shm|sparse|netem|train|train_extra|device|new_codecs|accuracy|plots ...]
 #   (default: all)
+# Raw outputs (text tables and JSON) go to docs/data/, figures to docs/img/;
+# nothing is written into the pages. Steps and the pages they feed:
+#   codecs: kernels.md; shm, sparse: shared-memory.md; netem: network.md;
+#   train, train_extra, accuracy: accuracy.md; new_codecs: codecs-new.md and
+#   accuracy.md; device: device.md; plots: figures of the shm, netem and train
+#   runs. The later speed rounds, auto, overlap, hierarchical and the --check
+#   sweeps have their commands on their pages, not here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 source .venv/bin/activate

@@ -1,7 +1,7 @@
 """Relative L2 error of one encode-decode round trip with and without
 ``rotate=True``, on Gaussian and Student-t (nu = 3) input of 2^20 elements,
 mean of three seeds, for rotation blocks of 256, 1024 and 4096
-(docs/results.md, *Rotation*).  ``python docs/rotation_error.py``"""
+(docs/results/codecs-new.md, *Rotation*).  ``python docs/rotation_error.py``"""
 import numpy as np, hpccomm
 from hpccomm.codecs import EncodeContext
 n = 1 << 20

@@ -1,5 +1,5 @@
-"""Markdown tables of the accuracy study (docs/results.md) from the JSON files
-that docs/data/i18/study.sh and evidence.sh write.
+"""Markdown tables of the accuracy study (docs/results/accuracy.md) from the
+JSON files that docs/data/i18/study.sh and evidence.sh write.
 
     python docs/study_tables.py docs/data/i18
 """

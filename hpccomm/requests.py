@@ -15,13 +15,13 @@ MPI) and the waits on the wire run while the caller's Python computes; the
 numba kernels hold the GIL, so the encode of a bucket does not overlap with
 Python-level compute of the caller (it does overlap with C/C++ compute that
 releases the GIL, e.g. PyTorch's backward).  MPICH measured no independent
-progress of non-blocking collectives here (``docs/results.md``), which is why
+progress of non-blocking collectives here (``docs/results/overlap.md``), which is why
 the thread, not ``MPI_I*`` calls, carries the overlap.
 
 The thread waits in MPI's blocking calls, which poll at full speed.
 ``HPCCOMM_PROGRESS_SLEEP_US=N`` makes it wait with non-blocking calls tested
 every N µs, sleeping in between, to leave the core to the caller's compute;
-measured on the emulated 1 Gbit/s network (``docs/results.md``) that was no
+measured on the emulated 1 Gbit/s network (``docs/results/overlap.md``) that was no
 faster for dense buckets and 1.1-1.7x slower for pipelined ``twoshot`` (MPICH
 moves TCP data only while polled), so it is off by default.
 

@@ -50,7 +50,8 @@ _F32, _U8 = np.dtype(np.float32), np.dtype(np.uint8)
 #: fewer than two axes when no ``col_len`` is given: short enough that chunked
 #: algorithms cut a 1-D vector into balanced chunks (a whole-vector column gave
 #: rank 0 every chunk), long enough that the 8 bytes of a column cost 1/512 bit
-#: per element (see docs/results.md for the measurement behind it)
+#: per element (docs/data/results-log.md, "Speed work: fused error-feedback
+#: kernels, balanced chunks, per-call overhead", has the measurement behind it)
 VECTOR_COLUMN = 4096
 
 

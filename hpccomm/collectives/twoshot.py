@@ -37,7 +37,7 @@ segment ``s``'s owner step.  Owners, random streams and result bits are
 those of ``S = 1``; every piece is a packet of its own (its header more on
 the wire).  Overlap needs something besides these cores to move the bytes
 (a NIC, the kernel's TCP stack): within one node MPICH copies messages with
-the ranks' own cores, and nothing overlaps (``docs/results.md``).  So
+the ranks' own cores, and nothing overlaps (``docs/results/overlap.md``).  So
 ``segments="auto"`` is 1 when all ranks share a node, else one segment per
 :data:`SEGMENT_ELEMENTS` elements, at most :data:`MAX_SEGMENTS`.  Segmented
 calls keep the reducer's separate NaN/Inf scan (nothing may be sent before

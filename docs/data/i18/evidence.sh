@@ -1,5 +1,5 @@
 #!/bin/bash
-# Evidence beside the accuracy study (docs/results.md): the gradient probe
+# Evidence beside the accuracy study (docs/results/accuracy.md): the gradient probe
 # (train --probe-every 1) per codec on the CNN under protocol (b), seed 0; PowerSGD's
 # rank 1 and 4 (rank 2 is the recipe) under protocol (b), seeds 0,1,2, on the MLP
 # and the CNN.  P = 4 on one host.

@@ -1,5 +1,5 @@
 #!/bin/bash
-# The accuracy study of docs/results.md ("Accuracy and time to accuracy"):
+# The accuracy study of docs/results/accuracy.md ("Protocols (a) and (b)"):
 # learning-rate grids on validation (seed 100), then protocols (b) and (a)
 # with seeds 0,1,2; P = 4 on one host.  Run from the repository root.
 set -e

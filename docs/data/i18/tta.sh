@@ -1,5 +1,5 @@
 #!/bin/bash
-# Time to accuracy (docs/results.md): P = 4 hosts on the emulated 1 Gbit/s
+# Time to accuracy (docs/results/accuracy.md): P = 4 hosts on the emulated 1 Gbit/s
 # per-host network (bench netem, root), Open MPI (its ranks yield when idle:
 # 4 ranks share 2 cores here), overlap on; protocol (b) for hpccomm's codecs,
 # fp32's validation-chosen rate for PyTorch DDP (gloo) with its own hooks.

@@ -1,9 +1,8 @@
 #!/bin/bash
-# meProp on the MNIST-1D CNN (docs/results.md, "meProp: sparse back-propagation
-# and the sparse allreduce's bytes"): fp32 through MPI_Allreduce under protocol
-# (b) (the paper recipe: fp32's validation-chosen learning rate), P = 4 on one
-# host, meProp off and K = 128, 64, 32, 16, 8 of fc1's 512 units.  Run from the
-# repository root.
+# meProp on the MNIST-1D CNN (docs/results/accuracy.md, "meProp"): fp32
+# through MPI_Allreduce under protocol (b) (the paper recipe: fp32's
+# validation-chosen learning rate), P = 4 on one host, meProp off and K = 128,
+# 64, 32, 16, 8 of fc1's 512 units.  Run from the repository root.
 set -e
 OUT=${OUT:-docs/data/i19}
 N=${N:-4}

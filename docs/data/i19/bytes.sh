@@ -1,8 +1,8 @@
 #!/bin/bash
-# meProp's effect on the exact sparse allreduce's bytes (docs/results.md, "meProp:
-# sparse back-propagation and the sparse allreduce's bytes"): the CNN's run of
-# accuracy.sh (seed 0; the same weights digest), fc1.weight's local gradients
-# measured every 25 steps by docs/data/i19/meprop_bytes.py.  P = 4 on one host.
+# meProp's effect on the exact sparse allreduce's bytes (docs/results/accuracy.md,
+# "meProp"): the CNN's run of accuracy.sh (seed 0; the same weights digest),
+# fc1.weight's local gradients measured every 25 steps by
+# docs/data/i19/meprop_bytes.py.  P = 4 on one host.
 set -e
 OUT=${OUT:-docs/data/i19}
 N=${N:-4}

@@ -2,7 +2,7 @@
 delayed gradient of step t-1 applied at step t by a FIFO (what
 staleness=1 delivers, bit for bit at one rank), 300 steps of batch 128 on
 MNIST-1D, SGD with momentum 0.9 at the recipe's base rate (0.025) and its
-rate scaled to P = 4 (0.1).  docs/results.md, "Bounded staleness".
+rate scaled to P = 4 (0.1).  docs/results/accuracy.md, "Bounded staleness: accuracy".
 
     python docs/data/i19/delayed_sgd_plain.py
 """

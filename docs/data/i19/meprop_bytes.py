@@ -1,5 +1,5 @@
-"""What meProp does to the bytes of an exact sparse allreduce (docs/results.md,
-"meProp: sparse back-propagation and the sparse allreduce's bytes").
+"""What meProp does to the bytes of an exact sparse allreduce
+(docs/results/accuracy.md, "meProp").
 
     mpiexec -n 4 python -m mpi4py docs/data/i19/meprop_bytes.py --meprop 8 \\
         --every 25 -J docs/data/i19/bytes-8.json

@@ -1,7 +1,8 @@
 #!/bin/bash
-# Bounded staleness, accuracy (docs/results.md, "Bounded staleness"): protocol
-# (b) -- each codec's recipe and validation-chosen rate, not re-tuned for the
-# delay -- with seeds 0,1,2 at S = 0, 1, 2; P = 4 on one host (MPICH).
+# Bounded staleness, accuracy (docs/results/accuracy.md, "Bounded staleness:
+# accuracy"): protocol (b) -- each codec's recipe and validation-chosen rate,
+# not re-tuned for the delay -- with seeds 0,1,2 at S = 0, 1, 2; P = 4 on one
+# host (MPICH).
 # Run from the repository root.
 set -e
 OUT=${OUT:-docs/data/i19}

