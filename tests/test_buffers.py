@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from hpccomm.bench.harness import parse_range, parse_size, sizes_from
-from hpccomm.buffers import (as_buffer, bf16_bits_to_f32, f32_to_bf16_bits, resolve_gpu_aware)
+from hpccomm.buffers import (as_buffer, bf16_bits_to_f32, f32_to_bf16_bits, mpi_cuda_support_reason,
+                             resolve_gpu_aware)
 from hpccomm.buffers.host_device import HostDeviceArray, HostDeviceBackend
 from hpccomm.validation import _ranges, description_hash, explain_mismatch
 
@@ -94,8 +95,11 @@ def test_gpu_aware_resolution(monkeypatch):
     assert resolve_gpu_aware("auto") is True
     monkeypatch.setenv("HPCCOMM_GPU_AWARE", "0")
     assert resolve_gpu_aware("auto") is False
+    assert mpi_cuda_support_reason() == (False, "HPCCOMM_GPU_AWARE=0, the library not asked")
     monkeypatch.delenv("HPCCOMM_GPU_AWARE")
     assert resolve_gpu_aware("auto") is False  # the MPICH wheel is not CUDA-aware
+    answer, reason = mpi_cuda_support_reason()   # asked of the libmpi loaded, which it names
+    assert answer is False and " = 0 in /" in reason and "libmpi" in reason, reason
     with pytest.raises(ValueError):
         resolve_gpu_aware("sometimes")
 

@@ -112,13 +112,19 @@ def test_thread_setting():
     try:
         hpccomm.set_threads(64)
         assert threads.get() == cap
+        assert threads.for_node(1) == (
+            cap, f"set_threads(64), at most NUMBA_NUM_THREADS = {cap}" if cap < 64 else
+            "set_threads(64)")
         hpccomm.set_threads(1)
-        assert threads.get() == 1
+        assert threads.get() == 1 and threads.for_node(1) == (1, "set_threads(1)")
         os.environ["HPCCOMM_THREADS"] = "2"
         assert threads.get() == min(2, cap)
+        assert threads.for_node(1)[1].startswith("HPCCOMM_THREADS=2")
         del os.environ["HPCCOMM_THREADS"]
         hpccomm.set_threads(None)
-        threads.fit_to_node(len(os.sched_getaffinity(0)) * 4)   # more ranks than cores
+        cores = len(os.sched_getaffinity(0))
+        assert threads.for_node(cores * 4) == (1, f"{cores} cores / {cores * 4} ranks on the node")
+        threads.fit_to_node(cores * 4)   # more ranks than cores
         assert threads.get() == 1
         with pytest.raises(ValueError, match="positive integer"):
             hpccomm.set_threads(0)

@@ -37,11 +37,11 @@ from .adapters import Buffer, as_buffer, placement_of
 from .device import (CupyBackend, DeviceBackend, NumbaCudaBackend, Placement, TorchBackend,
                      device_backend_for, register_device_backend, unregister_device_backend)
 from .dtypes import KNOWN_DTYPES, bf16_bits_to_f32, dtype_name, f32_to_bf16_bits
-from .gpu_aware import mpi_cuda_support, resolve_gpu_aware
+from .gpu_aware import mpi_cuda_support, mpi_cuda_support_reason, resolve_gpu_aware
 from .staging import HostStaging
 
 __all__ = ["Buffer", "as_buffer", "placement_of", "Placement", "CupyBackend", "DeviceBackend",
            "NumbaCudaBackend", "TorchBackend",
            "device_backend_for", "register_device_backend", "unregister_device_backend",
            "KNOWN_DTYPES", "bf16_bits_to_f32", "dtype_name", "f32_to_bf16_bits",
-           "mpi_cuda_support", "resolve_gpu_aware", "HostStaging"]
+           "mpi_cuda_support", "mpi_cuda_support_reason", "resolve_gpu_aware", "HostStaging"]

@@ -60,6 +60,13 @@ def host_set_key(comm: MPI.Comm) -> str:
     return hashlib.blake2b(",".join(names).encode(), digest_size=6).hexdigest()
 
 
+def profile_location(comm: MPI.Comm) -> str:
+    """The profile file ``auto`` on ``comm`` looks for (rank 0 reads it;
+    collective): keyed by :func:`host_set_key` and the size, ``local`` alone."""
+    size = comm.Get_size()
+    return cost_model.profile_path(host_set_key(comm) if size > 1 else "local", size)
+
+
 @register_algorithm
 class Auto(Algorithm):
     name = "auto"
@@ -92,11 +99,9 @@ class Auto(Algorithm):
     def _load(self, net) -> None:
         """Rank 0's profile on every rank (collective, once)."""
         profile = source = None
-        if self.rank == 0 or self.size == 1:
-            hosts = host_set_key(net.comm) if self.size > 1 else "local"
-            profile, source = cost_model.load(cost_model.profile_path(hosts, self.size))
-        elif self.size > 1:
-            host_set_key(net.comm)
+        path = profile_location(net.comm)
+        if self.rank == 0:
+            profile, source = cost_model.load(path)
         profile, source = net.bcast_object((profile, source))
         self.model, self.source = cost_model.CostModel(profile), source
         twoshot = self._candidates.get("twoshot")

@@ -10,12 +10,13 @@ said, else -- once a reducer has looked at its node (:func:`fit_to_node`,
 on its first call) -- the cores this process may run on divided by the ranks
 sharing its node: ranks that fill the cores get one thread each, a rank alone
 on a 64-core node gets 64.  Never more than numba's ``NUMBA_NUM_THREADS``.
-Before that, 1.
+Before that, 1.  :func:`for_node` says which count a node of R ranks gives,
+and by which of these rules.
 """
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 import numba
 
@@ -27,15 +28,23 @@ def _cap(k: int) -> int:
     return max(1, min(int(k), numba.config.NUMBA_NUM_THREADS))
 
 
-def get() -> int:
-    """The thread count of the parallel kernels now."""
+def _wanted(fitted: int) -> Tuple[int, str]:
+    """The count before numba's cap, and the rule that gave it
+    (``"env"``, ``"set"`` or ``"node"``)."""
     env = os.environ.get("HPCCOMM_THREADS")
     if env:
         try:
-            return _cap(int(env))
+            return int(env), "env"
         except ValueError:
             pass
-    return _cap(_explicit if _explicit is not None else _fitted)
+    if _explicit is not None:
+        return _explicit, "set"
+    return fitted, "node"
+
+
+def get() -> int:
+    """The thread count of the parallel kernels now."""
+    return _cap(_wanted(_fitted)[0])
 
 
 def set_threads(k: Optional[int]) -> None:
@@ -46,14 +55,37 @@ def set_threads(k: Optional[int]) -> None:
     _explicit = None if k is None else int(k)
 
 
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover (not Linux)
+        return os.cpu_count() or 1
+
+
+def _node_share(ranks_on_node: int) -> int:
+    return max(1, _cores() // max(1, int(ranks_on_node)))
+
+
 def fit_to_node(ranks_on_node: int) -> None:
     """Set the automatic count from the ranks that share this node."""
     global _fitted
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover (not Linux)
-        cores = os.cpu_count() or 1
-    _fitted = max(1, cores // max(1, int(ranks_on_node)))
+    _fitted = _node_share(ranks_on_node)
+
+
+def for_node(ranks_on_node: int) -> Tuple[int, str]:
+    """``(count, reason)``: what :func:`get` gives once a reducer has fitted
+    the count to a node of ``ranks_on_node`` ranks (nothing is set), and the
+    rule that decided it."""
+    wanted, rule = _wanted(_node_share(ranks_on_node))
+    ranks = max(1, int(ranks_on_node))
+    reason = {"env": f"HPCCOMM_THREADS={os.environ.get('HPCCOMM_THREADS')}",
+              "set": f"set_threads({_explicit})",
+              "node": f"{_cores()} cores / {ranks} rank{'s' if ranks > 1 else ''} on the node"
+              }[rule]
+    k = _cap(wanted)
+    if k < wanted:
+        reason += f", at most NUMBA_NUM_THREADS = {numba.config.NUMBA_NUM_THREADS}"
+    return k, reason
 
 
 def use() -> int:
