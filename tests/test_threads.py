@@ -72,7 +72,7 @@ print("same bits")
 
 SPARSE = r'''
 import numpy as np
-from hpccomm.codecs.base import EncodeContext, get_codec
+from hpccomm.codecs import EncodeContext, get_codec
 from hpccomm.kernels import threads
 from hpccomm.kernels.sparsify import BLOCK
 

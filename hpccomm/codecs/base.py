@@ -378,11 +378,6 @@ class Codec:
 #: codec ids in use by codecs that are not registered by name: the
 #: ``rotate=True`` wrapper of :mod:`.rotation`
 RESERVED_IDS = {13: "rotate"}
-#: the options every codec name takes (:func:`get_codec`): ``rotate=True``
-#: wraps a dense quantizer in the Hadamard rotation of :mod:`.rotation`
-ROTATE_OPTIONS = frozenset({"rotate", "rotate_block"})
-#: suffix of a codec name that means ``rotate=True`` (``"qsgd+rotate"``)
-ROTATE_SUFFIX = "+rotate"
 
 
 def _unique_id(cls: Type[Codec], registered: Dict[str, Type[Codec]]) -> None:
@@ -405,46 +400,3 @@ def packet_codecs() -> Tuple[str, ...]:
     an algorithm of their own (``powersgd``), sorted."""
     return tuple(name for name, cls in CODECS.items() if cls.algorithm is None)
 
-
-def split_rotate(name: str) -> Tuple[str, bool]:
-    """``("qsgd", True)`` for ``"qsgd+rotate"``, ``(name, False)`` otherwise."""
-    if isinstance(name, str) and name.endswith(ROTATE_SUFFIX):
-        return name[:-len(ROTATE_SUFFIX)], True
-    return name, False
-
-
-def own_algorithm(spec) -> Optional[str]:
-    """The algorithm a codec (a name, ``"+rotate"`` names too, or an
-    instance) names as its own (``powersgd``'s), or None."""
-    if isinstance(spec, Codec):
-        return spec.algorithm
-    name = split_rotate(spec)[0] if isinstance(spec, str) else None
-    return CODECS.get(name).algorithm if name in CODECS else None
-
-
-def get_codec(spec, **params) -> Codec:
-    """A codec instance from a name (with ``params``) or an instance.
-
-    Every name takes the options ``rotate`` (default False) and
-    ``rotate_block``: ``rotate=True`` -- or the name with ``"+rotate"``
-    appended -- returns the codec wrapped in the randomized Hadamard rotation
-    of :mod:`hpccomm.codecs.rotation` (dense lossy quantizers only)."""
-    if isinstance(spec, Codec):
-        if params:
-            raise TypeError("pass codec parameters only with a codec name")
-        return spec
-    if not isinstance(spec, str):
-        raise TypeError(f"codec must be a name or a Codec, not {type(spec).__name__}")
-    name, suffixed = split_rotate(spec)
-    rotate = params.pop("rotate", None)
-    block = params.pop("rotate_block", None)
-    if suffixed:
-        if rotate is not None and rotate is not True:
-            raise ValueError(f"codec {spec!r} with rotate={rotate!r}: the name asks for "
-                             "rotate=True")
-        rotate = True
-    codec = CODECS.get(name)(**params)
-    if rotate is None and block is None:
-        return codec
-    from .rotation import rotated
-    return rotated(codec, False if rotate is None else rotate, block)
