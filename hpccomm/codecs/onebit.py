@@ -52,7 +52,8 @@ from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, payload_rows, register_code
 COL_LEN_MAX = 2**32 - 1
 
 
-def _packet_size(n: int, col_len: int) -> int:
+def packet_size(n: int, col_len: int) -> int:
+    """Bytes of a packet of ``n`` elements in columns of ``col_len``."""
     return HEADER_SIZE + 8 * (-(-n // col_len)) + 4 * (-(-n // 32))
 
 
@@ -114,27 +115,27 @@ class OneBitCodec(Codec):
         column length comes from ``shape`` and the size is None without it."""
         if self.col_len is None and shape is None:
             return None
-        return _packet_size(n, self.column_length(shape or (), n))
+        return packet_size(n, self.column_length(shape or (), n))
 
     def wire_size_for(self, n, shape):
         return self.wire_size(n, shape)
 
     def max_wire_size(self, n):
         """Exact with ``col_len``; otherwise the bound for ``H = 1``."""
-        return _packet_size(n, self.col_len or 1)
+        return packet_size(n, self.col_len or 1)
 
     def _payload_size(self, header):
         n, col_len = int(header["n"]), int(header["extra"])
         if not 1 <= col_len <= max(n, 1):
             raise PacketError(f"onebit: column length {col_len} is outside [1, {max(n, 1)}] "
                               f"for n = {n}")
-        return _packet_size(n, col_len)
+        return packet_size(n, col_len)
 
     def _encode(self, x, ctx):
         n = x.size
         col_len = min(self.column_length(ctx.shape, n), max(n, 1))
         ncols = -(-n // col_len)
-        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len, zeroed=False)
+        packet = self.new_packet(packet_size(n, col_len), n, extra=col_len, zeroed=False)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
         tiles = _tile_columns(n, col_len)
@@ -154,7 +155,7 @@ class OneBitCodec(Codec):
         n = x.size
         col_len = min(self.column_length(ctx.shape, n), max(n, 1))
         ncols = -(-n // col_len)
-        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len, zeroed=False)
+        packet = self.new_packet(packet_size(n, col_len), n, extra=col_len, zeroed=False)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
         tiles = _tile_columns(n, col_len)
@@ -197,7 +198,7 @@ class OneBitCodec(Codec):
             K.onebit_decode_sum(means, words, max(cols, 1), out)
         col_len = min(self.column_length(ctx.shape, m), max(m, 1))
         nc = -(-m // col_len)
-        packet = self.new_packet(_packet_size(m, col_len), m, extra=col_len, zeroed=False)
+        packet = self.new_packet(packet_size(m, col_len), m, extra=col_len, zeroed=False)
         pm = packet[HEADER_SIZE:HEADER_SIZE + 8 * nc].view(np.float32)
         pw = packet[HEADER_SIZE + 8 * nc:].view(np.uint32)
         feedback = e_out is not None

@@ -146,7 +146,8 @@ FIXED_VERSION, ELIAS_VERSION = 1, 2
 ELIAS_PREFIX = HEADER_SIZE + 8
 
 
-def _packet_size(n: int, bits: int, bucket: int) -> int:
+def packet_size(n: int, bits: int, bucket: int) -> int:
+    """Bytes of a fixed-width packet of ``n`` elements (not Elias)."""
     return HEADER_SIZE + 4 * (-(-n // bucket)) + (-(-(n * bits) // 8))
 
 
@@ -224,7 +225,7 @@ class QSGDCodec(Codec):
     def wire_size(self, n):
         if self.elias:
             return None
-        return _packet_size(n, self.bits, min(self.bucket, max(n, 1)))
+        return packet_size(n, self.bits, min(self.bucket, max(n, 1)))
 
     def max_wire_size(self, n):
         """The fixed size, or with ``elias`` the worst case: every bucket at
@@ -255,7 +256,7 @@ class QSGDCodec(Codec):
 
     def _payload_size(self, header):
         bits, bucket = self._fields(header)
-        return _packet_size(int(header["n"]), bits, bucket)
+        return packet_size(int(header["n"]), bits, bucket)
 
     def _packet_size(self, packet, header):
         if not self.elias:
@@ -294,7 +295,7 @@ class QSGDCodec(Codec):
         if self.elias:
             return (None, np.empty(nb, dtype=np.float32),
                     np.empty(-(-(n * self.bits) // 8), dtype=np.uint8), bucket)
-        packet = self.new_packet(_packet_size(n, self.bits, bucket), n,
+        packet = self.new_packet(packet_size(n, self.bits, bucket), n,
                                  extra=bucket | self.bits << 28, zeroed=False)
         scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
         return packet, scales, packet[HEADER_SIZE + 4 * nb:], bucket
