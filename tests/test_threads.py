@@ -18,7 +18,7 @@ import numpy as np
 import hpccomm
 from hpccomm.codecs.base import EncodeContext
 from hpccomm.collectives.transport import Received
-from hpccomm.kernels import quantize as K
+from hpccomm.kernels import onebit as K
 from hpccomm.kernels import threads
 
 calls = []

@@ -9,7 +9,7 @@ ships two float32 reconstruction values::
     bit_i  = 1 iff x_i >= 0;   decode: mu_pos if bit_i else mu_neg
 
 The means are float64 sums divided by the count and rounded once to float32
-(:func:`hpccomm.kernels.quantize.onebit_encode`), so a constant column
+(:func:`hpccomm.kernels.onebit.onebit_encode`), so a constant column
 decodes exactly.  The estimator is biased: ``biased = True`` turns error
 feedback on by default (the paper's central point).
 
@@ -44,7 +44,7 @@ its size from ``n`` alone: such instances have ``fixed_size = False`` and
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import quantize as K
+from ..kernels import onebit as K
 from ..kernels import threads
 from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, payload_rows, register_codec
 
@@ -60,7 +60,7 @@ def packet_size(n: int, col_len: int) -> int:
 def _tile_columns(n: int, col_len: int) -> int:
     """Columns per tile when the kernels should run on several threads (at
     least two tiles and more than one thread), else 0.  Either way the bits
-    are the same (:func:`~hpccomm.kernels.quantize.onebit_tile_columns`)."""
+    are the same (:func:`~hpccomm.kernels.onebit.onebit_tile_columns`)."""
     if n < 2 * K.TILE or threads.get() == 1:
         return 0
     cols = K.onebit_tile_columns(col_len)
@@ -148,7 +148,7 @@ class OneBitCodec(Codec):
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and
         ``e_out = v - decode(packet)``, in one pass
-        (:func:`~hpccomm.kernels.quantize.onebit_encode_feedback`); the bits
+        (:func:`~hpccomm.kernels.onebit.onebit_encode_feedback`); the bits
         of encode, decode and subtract.  ``x``, ``e``, ``e_out``: float32,
         contiguous, of one length."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
@@ -171,10 +171,10 @@ class OneBitCodec(Codec):
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in two passes over the chunk:
         ``acc = sum of decode(received[src])`` in rank order into ``out``
-        (:func:`~hpccomm.kernels.quantize.onebit_decode_sum`), then ``w = acc +
+        (:func:`~hpccomm.kernels.onebit.onebit_decode_sum`), then ``w = acc +
         e`` into ``e_out``, its packet, ``e_out = w - decode(packet)``
         (``e_out=None``: no owner residual) and ``out = decode(packet)``
-        (:func:`~hpccomm.kernels.quantize.onebit_owner_step`; ``out`` is read
+        (:func:`~hpccomm.kernels.onebit.onebit_owner_step`; ``out`` is read
         before it is overwritten).
         The bits of decode-add, compensate, re-encode, decode and subtract.
         Returns the packet."""
