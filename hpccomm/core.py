@@ -10,7 +10,7 @@ from mpi4py import MPI
 
 from .buffers import (Buffer, HostStaging, as_buffer, bf16_bits_to_f32, f32_to_bf16_bits,
                       placement_of, resolve_gpu_aware)
-from .codecs.base import Codec, default_algorithm, get_codec
+from .codecs import Codec, default_algorithm, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.mpi import device_allreduce
 from .collectives.on_device import DEVICE_ALGORITHMS, DevicePath, why_not_on_device

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from typing import Any, Dict, Mapping, Optional, Tuple
 
-from .codecs.base import CODECS, ROTATE_OPTIONS, Codec, split_rotate
+from .codecs.base import CODECS, Codec
+from .codecs.rotation import ROTATE_OPTIONS, split_rotate
 from .collectives.base import ALGORITHMS
 
 

@@ -39,6 +39,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import numpy as np
 
 from .codecs.base import Codec, EncodeContext
+from .codecs.rotation import RotatedCodec
 from .collectives.base import ALGORITHMS, chunk_bounds
 
 #: the pipelines this module knows, by algorithm name; a subclass of one of
@@ -555,8 +556,11 @@ MODELS: Dict[str, Callable[[Codec, int, tuple], Stage]] = {
 def stage_model(codec: Codec, n: int, shape: tuple = ()) -> Optional[Stage]:
     """The theory of ``codec`` on ``n`` N(0, 1) entries of a tensor of
     ``shape``: its own ``error_model``, else that of the nearest class in its
-    ancestry that :data:`MODELS` knows; lossless codecs are exact; None for
-    a lossy codec with no theory."""
+    ancestry that :data:`MODELS` knows; lossless codecs are exact; a rotated
+    codec has its inner codec's (a rotated N(0, 1) vector is N(0, 1)); None
+    for a lossy codec with no theory."""
+    if isinstance(codec, RotatedCodec):
+        return stage_model(codec.inner, n, shape)
     own = getattr(codec, "error_model", None)
     if own is not None:
         return own(n, shape)

@@ -30,7 +30,7 @@ from typing import Optional, Tuple, Union
 import numpy as np
 from mpi4py import MPI
 
-from .codecs.base import get_codec
+from .codecs import get_codec
 from .collectives.base import ALGORITHMS
 from .collectives.sparse import SparseAlgorithm, index_dtype
 from .communicators import private_comm

@@ -294,14 +294,14 @@ def _check_nonfinite(codec_name, **params):
 # ---------------------------------------------------------------------------
 def check_half_bits():
     """The integer fp16 / bf16 roundings of the device kernels, compiled for
-    the CPU, against quantize's kernels: every float32 exponent and sign with
+    the CPU, against halfwidth's kernels: every float32 exponent and sign with
     the low mantissa bits around each rounding boundary, and random patterns;
     every half bit pattern widened."""
     _setup()
     from numba import njit
 
     from hpccomm.kernels import cuda_quantize as Q
-    from hpccomm.kernels import quantize as K
+    from hpccomm.kernels import halfwidth as K
 
     f16, bf16, widen = njit(Q.f16_round), njit(Q.bf16_round), njit(Q.f16_value_bits)
 

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm.codecs.base import get_codec, packet_codecs
+from hpccomm.codecs import get_codec, packet_codecs
 from hpccomm.dgc_optimizer import DGCMomentum
 from hpccomm.memory import DGCMemory
 

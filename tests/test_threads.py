@@ -18,7 +18,7 @@ import numpy as np
 import hpccomm
 from hpccomm.codecs.base import EncodeContext
 from hpccomm.collectives.transport import Received
-from hpccomm.kernels import quantize as K
+from hpccomm.kernels import onebit as K
 from hpccomm.kernels import threads
 
 calls = []
@@ -72,7 +72,7 @@ print("same bits")
 
 SPARSE = r'''
 import numpy as np
-from hpccomm.codecs.base import EncodeContext, get_codec
+from hpccomm.codecs import EncodeContext, get_codec
 from hpccomm.kernels import threads
 from hpccomm.kernels.sparsify import BLOCK
 

@@ -50,7 +50,8 @@ import time
 
 import numpy as np
 
-from ..codecs.base import own_algorithm, split_rotate
+from ..codecs import own_algorithm
+from ..codecs.rotation import split_rotate
 from .harness import (BUFFERS, case_options, device_sync, empty_like, fmt_bytes, host_staging,
                       make_buffer, mpi_library, mpi_thread_level, on_device, parse_options,
                       parse_range, sizes_from, slowest_rank, to_numpy)

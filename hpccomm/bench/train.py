@@ -44,7 +44,8 @@ import time
 
 import numpy as np
 
-from ..codecs.base import own_algorithm, split_rotate
+from ..codecs import own_algorithm
+from ..codecs.rotation import split_rotate
 from . import recipes
 from .harness import case_options, parse_options
 from .probe import GradientProbe

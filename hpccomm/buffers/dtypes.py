@@ -2,7 +2,7 @@
 
 ``bfloat16`` has no numpy dtype of its own: it is carried as ``uint16`` bit
 patterns.  The conversions are the ``bf16`` codec's kernels
-(:mod:`hpccomm.kernels.quantize`), so there is one rounding of bfloat16 in
+(:mod:`hpccomm.kernels.halfwidth`), so there is one rounding of bfloat16 in
 hpccomm: nearest even, NaN stays a (quiet) NaN.  The one difference is
 deliberate: a user's bfloat16 result rounds float32 values beyond the
 bfloat16 range to infinity, as IEEE rounding does, while the codec saturates
@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from ..kernels import quantize as K
+from ..kernels import halfwidth as K
 
 #: dtype names hpccomm knows
 KNOWN_DTYPES = ("float32", "float64", "float16", "bfloat16")

@@ -50,8 +50,7 @@ _F32, _U8 = np.dtype(np.float32), np.dtype(np.uint8)
 #: fewer than two axes when no ``col_len`` is given: short enough that chunked
 #: algorithms cut a 1-D vector into balanced chunks (a whole-vector column gave
 #: rank 0 every chunk), long enough that the 8 bytes of a column cost 1/512 bit
-#: per element (docs/data/results-log.md, "Speed work: fused error-feedback
-#: kernels, balanced chunks, per-call overhead", has the measurement behind it)
+#: per element (see docs/results.md for the measurement behind it)
 VECTOR_COLUMN = 4096
 
 
@@ -379,11 +378,6 @@ class Codec:
 #: codec ids in use by codecs that are not registered by name: the
 #: ``rotate=True`` wrapper of :mod:`.rotation`
 RESERVED_IDS = {13: "rotate"}
-#: the options every codec name takes (:func:`get_codec`): ``rotate=True``
-#: wraps a dense quantizer in the Hadamard rotation of :mod:`.rotation`
-ROTATE_OPTIONS = frozenset({"rotate", "rotate_block"})
-#: suffix of a codec name that means ``rotate=True`` (``"qsgd+rotate"``)
-ROTATE_SUFFIX = "+rotate"
 
 
 def _unique_id(cls: Type[Codec], registered: Dict[str, Type[Codec]]) -> None:
@@ -406,64 +400,3 @@ def packet_codecs() -> Tuple[str, ...]:
     an algorithm of their own (``powersgd``), sorted."""
     return tuple(name for name, cls in CODECS.items() if cls.algorithm is None)
 
-
-def split_rotate(name: str) -> Tuple[str, bool]:
-    """``("qsgd", True)`` for ``"qsgd+rotate"``, ``(name, False)`` otherwise."""
-    if isinstance(name, str) and name.endswith(ROTATE_SUFFIX):
-        return name[:-len(ROTATE_SUFFIX)], True
-    return name, False
-
-
-def own_algorithm(spec) -> Optional[str]:
-    """The algorithm a codec (a name, ``"+rotate"`` names too, or an
-    instance) names as its own (``powersgd``'s), or None."""
-    if isinstance(spec, Codec):
-        return spec.algorithm
-    name = split_rotate(spec)[0] if isinstance(spec, str) else None
-    return CODECS.get(name).algorithm if name in CODECS else None
-
-
-def default_algorithm(spec) -> str:
-    """The algorithm a call with this codec takes when it names none: the
-    codec's own (``powersgd``), ``"mpi"`` for the lossless ``none`` (dense
-    values, ``MPI_Allreduce``), and ``"twoshot"`` for every codec that sends
-    packets (the quantizers and the sparsifiers).  ``"auto"`` is not the
-    default: on a link where compression does not pay it chooses dense, but its
-    model ranks the compressed algorithms within its own error of each other
-    (docs/results/auto.md)."""
-    own = own_algorithm(spec)
-    if own is not None:
-        return own
-    if isinstance(spec, Codec):
-        return "mpi" if spec.lossless else "twoshot"
-    name = split_rotate(spec)[0] if isinstance(spec, str) else None
-    cls = CODECS.get(name) if name in CODECS else None
-    return "mpi" if cls is None or cls.lossless else "twoshot"
-
-
-def get_codec(spec, **params) -> Codec:
-    """A codec instance from a name (with ``params``) or an instance.
-
-    Every name takes the options ``rotate`` (default False) and
-    ``rotate_block``: ``rotate=True`` -- or the name with ``"+rotate"``
-    appended -- returns the codec wrapped in the randomized Hadamard rotation
-    of :mod:`hpccomm.codecs.rotation` (dense lossy quantizers only)."""
-    if isinstance(spec, Codec):
-        if params:
-            raise TypeError("pass codec parameters only with a codec name")
-        return spec
-    if not isinstance(spec, str):
-        raise TypeError(f"codec must be a name or a Codec, not {type(spec).__name__}")
-    name, suffixed = split_rotate(spec)
-    rotate = params.pop("rotate", None)
-    block = params.pop("rotate_block", None)
-    if suffixed:
-        if rotate is not None and rotate is not True:
-            raise ValueError(f"codec {spec!r} with rotate={rotate!r}: the name asks for "
-                             "rotate=True")
-        rotate = True
-    codec = CODECS.get(name)(**params)
-    if rotate is None and block is None:
-        return codec
-    from .rotation import rotated
-    return rotated(codec, False if rotate is None else rotate, block)

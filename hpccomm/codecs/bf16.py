@@ -17,7 +17,7 @@ decodes to infinity.  Non-finite input raises
 ``nonfinite="propagate"`` +-inf stays +-inf and NaN stays (quiet) NaN.
 Decoding is exact (a shift).  Not summable.
 """
-from ..kernels import quantize as K
+from ..kernels import halfwidth as K
 from .base import register_codec
 from .fp16 import HalfWidthCodec
 

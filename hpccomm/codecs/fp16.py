@@ -21,7 +21,7 @@ in the residual).  Magnitudes below ``2**-14`` become half subnormals
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import quantize as K
+from ..kernels import halfwidth as K
 from .base import HEADER_SIZE, Codec, payload_rows, register_codec
 
 
@@ -30,7 +30,7 @@ class HalfWidthCodec(Codec):
 
     Subclasses set ``_to_bits(u, out)`` (float32 bit patterns as uint32 ->
     uint16) and ``_from_bits(bits, out, add)`` (uint16 -> float32), kernels of
-    :mod:`hpccomm.kernels.quantize`; ``bfloat`` says which format the fused
+    :mod:`hpccomm.kernels.halfwidth`; ``bfloat`` says which format the fused
     encode rounds to."""
 
     bfloat = False
@@ -57,7 +57,7 @@ class HalfWidthCodec(Codec):
 
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in one pass over the chunk
-        (:func:`~hpccomm.kernels.quantize.half_owner_step`): the rank-order
+        (:func:`~hpccomm.kernels.halfwidth.half_owner_step`): the rank-order
         sum of the received packets, ``+ e``, its packet, ``e_out``
         (``e_out=None``: no owner residual) and ``out = decode(packet)``, with the bits of the separate steps.
         Returns the packet."""
@@ -75,7 +75,7 @@ class HalfWidthCodec(Codec):
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and
         ``e_out = v - decode(packet)`` in one pass
-        (:func:`~hpccomm.kernels.quantize.half_encode_feedback`)."""
+        (:func:`~hpccomm.kernels.halfwidth.half_encode_feedback`)."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         packet = self.new_packet(self.wire_size(x.size), x.size, zeroed=False)
         bad = K.half_encode_feedback(x, x if e is None else e, e is not None,

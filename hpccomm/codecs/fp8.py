@@ -19,7 +19,7 @@ subnormal scale can push ``v_i / s`` there; error feedback keeps the
 excess).  e4m3 subnormals are multiples of ``2**-9``, e5m2's of ``2**-16``.
 An all-zero block has scale 0 and codes +-0.  The rounding is integer
 arithmetic on float32 bit patterns
-(:func:`hpccomm.kernels.quantize._fp8_bits`), so every rank and machine
+(:func:`hpccomm.kernels.fp8._fp8_bits`), so every rank and machine
 produces the same bytes.
 
 Non-finite input raises :class:`~hpccomm.errors.NonFiniteError` by default.
@@ -47,7 +47,7 @@ that chunked algorithms cut at block boundaries.
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import quantize as K
+from ..kernels import fp8 as K
 from .base import HEADER_SIZE, Codec, payload_rows, register_codec
 
 #: the formats, by name: their header code
@@ -126,7 +126,7 @@ class Fp8Codec(Codec):
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and
         ``e_out = v - decode(packet)`` in one pass, block by block
-        (:func:`~hpccomm.kernels.quantize.fp8_encode_feedback`)."""
+        (:func:`~hpccomm.kernels.fp8.fp8_encode_feedback`)."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         n = x.size
         packet = self.new_packet(self.wire_size(n), n, extra=self._extra, zeroed=False)
@@ -138,7 +138,7 @@ class Fp8Codec(Codec):
 
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot``
-        (:func:`~hpccomm.kernels.quantize.fp8_owner_step`): the rank-order
+        (:func:`~hpccomm.kernels.fp8.fp8_owner_step`): the rank-order
         sum of the decoded received packets, ``+ e``, its packet, ``e_out``
         (``e_out=None``: no owner residual) and ``out = decode(packet)``,
         with the bits of the separate steps.  Returns the packet."""

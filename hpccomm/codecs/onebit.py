@@ -9,7 +9,7 @@ ships two float32 reconstruction values::
     bit_i  = 1 iff x_i >= 0;   decode: mu_pos if bit_i else mu_neg
 
 The means are float64 sums divided by the count and rounded once to float32
-(:func:`hpccomm.kernels.quantize.onebit_encode`), so a constant column
+(:func:`hpccomm.kernels.onebit.onebit_encode`), so a constant column
 decodes exactly.  The estimator is biased: ``biased = True`` turns error
 feedback on by default (the paper's central point).
 
@@ -44,7 +44,7 @@ its size from ``n`` alone: such instances have ``fixed_size = False`` and
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import quantize as K
+from ..kernels import onebit as K
 from ..kernels import threads
 from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, payload_rows, register_codec
 
@@ -52,14 +52,15 @@ from .base import HEADER_SIZE, VECTOR_COLUMN, Codec, payload_rows, register_code
 COL_LEN_MAX = 2**32 - 1
 
 
-def _packet_size(n: int, col_len: int) -> int:
+def packet_size(n: int, col_len: int) -> int:
+    """Bytes of a packet of ``n`` elements in columns of ``col_len``."""
     return HEADER_SIZE + 8 * (-(-n // col_len)) + 4 * (-(-n // 32))
 
 
 def _tile_columns(n: int, col_len: int) -> int:
     """Columns per tile when the kernels should run on several threads (at
     least two tiles and more than one thread), else 0.  Either way the bits
-    are the same (:func:`~hpccomm.kernels.quantize.onebit_tile_columns`)."""
+    are the same (:func:`~hpccomm.kernels.onebit.onebit_tile_columns`)."""
     if n < 2 * K.TILE or threads.get() == 1:
         return 0
     cols = K.onebit_tile_columns(col_len)
@@ -114,27 +115,27 @@ class OneBitCodec(Codec):
         column length comes from ``shape`` and the size is None without it."""
         if self.col_len is None and shape is None:
             return None
-        return _packet_size(n, self.column_length(shape or (), n))
+        return packet_size(n, self.column_length(shape or (), n))
 
     def wire_size_for(self, n, shape):
         return self.wire_size(n, shape)
 
     def max_wire_size(self, n):
         """Exact with ``col_len``; otherwise the bound for ``H = 1``."""
-        return _packet_size(n, self.col_len or 1)
+        return packet_size(n, self.col_len or 1)
 
     def _payload_size(self, header):
         n, col_len = int(header["n"]), int(header["extra"])
         if not 1 <= col_len <= max(n, 1):
             raise PacketError(f"onebit: column length {col_len} is outside [1, {max(n, 1)}] "
                               f"for n = {n}")
-        return _packet_size(n, col_len)
+        return packet_size(n, col_len)
 
     def _encode(self, x, ctx):
         n = x.size
         col_len = min(self.column_length(ctx.shape, n), max(n, 1))
         ncols = -(-n // col_len)
-        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len, zeroed=False)
+        packet = self.new_packet(packet_size(n, col_len), n, extra=col_len, zeroed=False)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
         tiles = _tile_columns(n, col_len)
@@ -147,14 +148,14 @@ class OneBitCodec(Codec):
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and
         ``e_out = v - decode(packet)``, in one pass
-        (:func:`~hpccomm.kernels.quantize.onebit_encode_feedback`); the bits
+        (:func:`~hpccomm.kernels.onebit.onebit_encode_feedback`); the bits
         of encode, decode and subtract.  ``x``, ``e``, ``e_out``: float32,
         contiguous, of one length."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         n = x.size
         col_len = min(self.column_length(ctx.shape, n), max(n, 1))
         ncols = -(-n // col_len)
-        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len, zeroed=False)
+        packet = self.new_packet(packet_size(n, col_len), n, extra=col_len, zeroed=False)
         means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
         words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
         tiles = _tile_columns(n, col_len)
@@ -170,10 +171,10 @@ class OneBitCodec(Codec):
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in two passes over the chunk:
         ``acc = sum of decode(received[src])`` in rank order into ``out``
-        (:func:`~hpccomm.kernels.quantize.onebit_decode_sum`), then ``w = acc +
+        (:func:`~hpccomm.kernels.onebit.onebit_decode_sum`), then ``w = acc +
         e`` into ``e_out``, its packet, ``e_out = w - decode(packet)``
         (``e_out=None``: no owner residual) and ``out = decode(packet)``
-        (:func:`~hpccomm.kernels.quantize.onebit_owner_step`; ``out`` is read
+        (:func:`~hpccomm.kernels.onebit.onebit_owner_step`; ``out`` is read
         before it is overwritten).
         The bits of decode-add, compensate, re-encode, decode and subtract.
         Returns the packet."""
@@ -197,7 +198,7 @@ class OneBitCodec(Codec):
             K.onebit_decode_sum(means, words, max(cols, 1), out)
         col_len = min(self.column_length(ctx.shape, m), max(m, 1))
         nc = -(-m // col_len)
-        packet = self.new_packet(_packet_size(m, col_len), m, extra=col_len, zeroed=False)
+        packet = self.new_packet(packet_size(m, col_len), m, extra=col_len, zeroed=False)
         pm = packet[HEADER_SIZE:HEADER_SIZE + 8 * nc].view(np.float32)
         pw = packet[HEADER_SIZE + 8 * nc:].view(np.uint32)
         feedback = e_out is not None

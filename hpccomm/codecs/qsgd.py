@@ -131,7 +131,8 @@ import numpy as np
 
 from ..errors import PacketError
 from ..kernels import elias as E
-from ..kernels import quantize as K
+from ..kernels import bitcodes
+from ..kernels import qsgd as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_no_feedback, check_total, scale_array, summed_code_dtype
 from .base import HEADER_SIZE, Codec, payload_rows, register_codec
@@ -146,7 +147,8 @@ FIXED_VERSION, ELIAS_VERSION = 1, 2
 ELIAS_PREFIX = HEADER_SIZE + 8
 
 
-def _packet_size(n: int, bits: int, bucket: int) -> int:
+def packet_size(n: int, bits: int, bucket: int) -> int:
+    """Bytes of a fixed-width packet of ``n`` elements (not Elias)."""
     return HEADER_SIZE + 4 * (-(-n // bucket)) + (-(-(n * bits) // 8))
 
 
@@ -224,7 +226,7 @@ class QSGDCodec(Codec):
     def wire_size(self, n):
         if self.elias:
             return None
-        return _packet_size(n, self.bits, min(self.bucket, max(n, 1)))
+        return packet_size(n, self.bits, min(self.bucket, max(n, 1)))
 
     def max_wire_size(self, n):
         """The fixed size, or with ``elias`` the worst case: every bucket at
@@ -255,7 +257,7 @@ class QSGDCodec(Codec):
 
     def _payload_size(self, header):
         bits, bucket = self._fields(header)
-        return _packet_size(int(header["n"]), bits, bucket)
+        return packet_size(int(header["n"]), bits, bucket)
 
     def _packet_size(self, packet, header):
         if not self.elias:
@@ -294,7 +296,7 @@ class QSGDCodec(Codec):
         if self.elias:
             return (None, np.empty(nb, dtype=np.float32),
                     np.empty(-(-(n * self.bits) // 8), dtype=np.uint8), bucket)
-        packet = self.new_packet(_packet_size(n, self.bits, bucket), n,
+        packet = self.new_packet(packet_size(n, self.bits, bucket), n,
                                  extra=bucket | self.bits << 28, zeroed=False)
         scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
         return packet, scales, packet[HEADER_SIZE + 4 * nb:], bucket
@@ -353,7 +355,7 @@ class QSGDCodec(Codec):
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out =
         v - decode(packet)``, reading ``x`` and ``e`` once, bucket by bucket
-        (:func:`~hpccomm.kernels.quantize.qsgd_encode_feedback`); the bits of
+        (:func:`~hpccomm.kernels.qsgd.qsgd_encode_feedback`); the bits of
         encode, decode and subtract."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         packet, scales, codes, bucket = self._new_packet(x.size)
@@ -365,14 +367,14 @@ class QSGDCodec(Codec):
 
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in one pass over the chunk
-        (:func:`~hpccomm.kernels.quantize.qsgd_owner_step`): the rank-order sum
+        (:func:`~hpccomm.kernels.qsgd.qsgd_owner_step`): the rank-order sum
         of the received packets (which must share their bit width and bucket
         size), ``+ e``, its packet, ``e_out = w - decode(packet)``
         (``e_out=None``: no owner residual, ``w = acc``) and ``out =
         decode(packet)``, with the bits of the separate steps.  Returns the
         packet.  With ``elias`` every received packet is validated and
         transcoded to integer codes first, then summed into ``out`` and
-        re-quantized (:func:`~hpccomm.kernels.quantize.qsgd_requantize`):
+        re-quantized (:func:`~hpccomm.kernels.qsgd.qsgd_requantize`):
         the same bits."""
         m = out.size
         fields = None
@@ -405,7 +407,7 @@ class QSGDCodec(Codec):
         rows = [self._elias_codes(p, h, m) for p, h in zip(received, headers)]
         out[...] = 0
         for rscales, rcodes, rbits, rbucket in rows:
-            K.summed_decode(rcodes, rbucket, 2 ** (rbits - 1) - 1, rscales, out, True)
+            bitcodes.summed_decode(rcodes, rbucket, 2 ** (rbits - 1) - 1, rscales, out, True)
         packet, scales, codes, bucket = self._new_packet(m)
         bad = K.qsgd_requantize(out, None if e_out is None else e, e_out, bucket, self.bits,
                                 self.levels, self.norm == "max", self._key(ctx), ctx.offset,
@@ -416,12 +418,12 @@ class QSGDCodec(Codec):
     def _decode_into(self, packet, header, out, add):
         if self.elias:
             scales, codes, bits, bucket = self._elias_codes(packet, header, out.size)
-            K.summed_decode(codes, bucket, 2 ** (bits - 1) - 1, scales, out, add)
+            bitcodes.summed_decode(codes, bucket, 2 ** (bits - 1) - 1, scales, out, add)
             return
         bits, bucket = self._fields(header)
         nb = -(-out.size // bucket)
         scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
-        K.codes_decode(packet[HEADER_SIZE + 4 * nb:], bits, bucket, 2 ** (bits - 1) - 1,
+        bitcodes.codes_decode(packet[HEADER_SIZE + 4 * nb:], bits, bucket, 2 ** (bits - 1) - 1,
                        scales, out, add)
 
     # -- summable form -------------------------------------------------------
@@ -449,5 +451,5 @@ class QSGDCodec(Codec):
     def from_summable(self, total, scale, out, add=False):
         check_total(total, out, self.name)
         scales = scale_array(scale, self._nbuckets(out.size), self.name)
-        K.summed_decode(total, self.bucket, self.levels, scales, out, add)
+        bitcodes.summed_decode(total, self.bucket, self.levels, scales, out, add)
         return out

@@ -74,13 +74,14 @@ import functools
 import math
 import struct
 from dataclasses import replace
+from typing import Tuple
 
 import numpy as np
 
 from ..errors import NonFiniteError, PacketError
 from ..kernels import hadamard as K
 from ..kernels.rng import stream_key
-from .base import HEADER_SIZE, RESERVED_IDS, ROTATE_SUFFIX, Codec, EncodeContext
+from .base import HEADER_SIZE, RESERVED_IDS, Codec, EncodeContext
 
 CODEC_ID = 13
 assert RESERVED_IDS.get(CODEC_ID) == "rotate"
@@ -93,6 +94,18 @@ K_MIN, K_MAX = 1, 16
 #: about the same for 256 .. 4096 (tests/test_codec_rotation.py)
 DEFAULT_BLOCK = 1024
 _KEY = struct.Struct("<Q")
+#: the options every codec name takes (:func:`hpccomm.codecs.get_codec`):
+#: ``rotate=True`` wraps a dense quantizer in the rotation
+ROTATE_OPTIONS = frozenset({"rotate", "rotate_block"})
+#: suffix of a codec name that means ``rotate=True`` (``"qsgd+rotate"``)
+ROTATE_SUFFIX = "+rotate"
+
+
+def split_rotate(name: str) -> Tuple[str, bool]:
+    """``("qsgd", True)`` for ``"qsgd+rotate"``, ``(name, False)`` otherwise."""
+    if isinstance(name, str) and name.endswith(ROTATE_SUFFIX):
+        return name[:-len(ROTATE_SUFFIX)], True
+    return name, False
 
 
 def _block_log2(block) -> int:
@@ -164,11 +177,6 @@ class RotatedCodec(Codec):
 
     def check_tolerance(self, nranks, error_feedback):
         return self.inner.check_tolerance(nranks, error_feedback)
-
-    def error_model(self, n, shape):
-        """The inner codec's model: a rotated N(0, 1) vector is N(0, 1)."""
-        from ..reference import stage_model
-        return stage_model(self.inner, n, shape)
 
     # -- alignment and sizes ---------------------------------------------------
     def align(self, shape):

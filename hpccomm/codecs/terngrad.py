@@ -38,7 +38,7 @@ factor ``omega = M ||v||_1 / ||v||**2 - 1`` of this very ``v``.  Under
 feedback ``clip`` does not apply (``s = M``) and the packet stores ``s' =
 float32(s / (1 + omega)) = float32(s ||v||**2 / (M ||v||_1))`` (``||v||_1``
 and ``||v||**2`` from the moments' pass,
-:func:`~hpccomm.kernels.quantize.tern_stats`; ``s`` itself when ``v`` is all
+:func:`~hpccomm.kernels.terngrad.tern_stats`; ``s`` itself when ``v`` is all
 zeros or not finite): the codes are drawn against ``s`` as above, every
 kept element decodes to ``+-s'``, and ``T(v) / (1 + omega)`` is contractive,
 ``E||T/(1+omega) - v||**2 = omega / (1 + omega) ||v||**2`` (Stich et al.
@@ -62,7 +62,8 @@ import math
 import numpy as np
 
 from ..errors import PacketError
-from ..kernels import quantize as K
+from ..kernels import bitcodes
+from ..kernels import terngrad as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_no_feedback, check_total, scale_array, summed_code_dtype
 from .base import HEADER_SIZE, Codec, payload_rows, register_codec
@@ -122,7 +123,7 @@ class TernGradCodec(Codec):
         return np.float32(float(s) * min(1.0, l2 / (float(maxabs) * l1)))
 
     def _scale_from(self, n, maxabs, s1, s2, ctx=None) -> np.float32:
-        """``s`` from the moments of :func:`~hpccomm.kernels.quantize.tern_stats`
+        """``s`` from the moments of :func:`~hpccomm.kernels.terngrad.tern_stats`
         (unclipped under error feedback, ``ctx.feedback``)."""
         if not (math.isfinite(s1) and math.isfinite(s2)):
             return np.float32(np.nan)
@@ -155,9 +156,9 @@ class TernGradCodec(Codec):
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out =
         v - decode(packet)``, in two passes (the scale needs all of ``v``):
-        the moments of ``v`` (:func:`~hpccomm.kernels.quantize.tern_stats`),
+        the moments of ``v`` (:func:`~hpccomm.kernels.terngrad.tern_stats`),
         then codes, residual and pack block by block
-        (:func:`~hpccomm.kernels.quantize.tern_encode`).  The bits of encode,
+        (:func:`~hpccomm.kernels.terngrad.tern_encode`).  The bits of encode,
         decode and subtract."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         n = x.size
@@ -172,10 +173,10 @@ class TernGradCodec(Codec):
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in two passes over the chunk: the
         rank-order sum of the received packets into ``out`` and the moments
-        of ``w = acc + e`` (:func:`~hpccomm.kernels.quantize.tern_owner_stats`),
+        of ``w = acc + e`` (:func:`~hpccomm.kernels.terngrad.tern_owner_stats`),
         then the packet of ``w``, ``e_out = w - decode(packet)`` (``e_out=None``:
         no owner residual, ``w = acc``) and ``out = decode(packet)``
-        (:func:`~hpccomm.kernels.quantize.tern_encode`).  The bits of
+        (:func:`~hpccomm.kernels.terngrad.tern_encode`).  The bits of
         decode-add, compensate, re-encode, decode and subtract.  Returns the
         packet."""
         m = out.size
@@ -194,7 +195,7 @@ class TernGradCodec(Codec):
 
     def _decode_into(self, packet, header, out, add):
         scales = packet[HEADER_SIZE:CODES_OFFSET].view(np.float32)
-        K.codes_decode(packet[CODES_OFFSET:], 2, max(out.size, 1), 1, scales, out, add)
+        bitcodes.codes_decode(packet[CODES_OFFSET:], 2, max(out.size, 1), 1, scales, out, add)
 
     # -- summable form -------------------------------------------------------
     def shared_scale(self, x):
@@ -214,6 +215,6 @@ class TernGradCodec(Codec):
     def from_summable(self, total, scale, out, add=False):
         scales = scale_array(scale, 1, self.name)
         check_total(total, out, self.name)
-        K.summed_decode(total, max(out.size, 1), 1, scales, out, add)
+        bitcodes.summed_decode(total, max(out.size, 1), 1, scales, out, add)
         return out
 

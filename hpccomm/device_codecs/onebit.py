@@ -25,7 +25,7 @@ share it is the caller's.
 """
 import numpy as np
 
-from ..codecs.onebit import OneBitCodec, _packet_size
+from ..codecs.onebit import OneBitCodec, packet_size
 from ..kernels import cuda_quantize as Q
 from ._dense import DenseDevice
 from .base import register_device_codec
@@ -43,7 +43,7 @@ class OneBitDevice(DenseDevice):
     def _code(self, src, n, e_out, out, ctx, count):
         col_len = min(self.codec.column_length(ctx.shape, n), max(n, 1))
         ncols = -(-n // col_len)
-        packet = self.new_packet(_packet_size(n, col_len), n, extra=col_len)
+        packet = self.new_packet(packet_size(n, col_len), n, extra=col_len)
         pw, pf = self._views(packet)
         outputs = self._outputs(src, e_out, out)
         whole = col_len % 32 == 0

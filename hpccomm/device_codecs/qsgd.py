@@ -31,7 +31,7 @@ calls through the host.
 """
 import numpy as np
 
-from ..codecs.qsgd import QSGDCodec, _packet_size
+from ..codecs.qsgd import QSGDCodec, packet_size
 from ..kernels import cuda_quantize as Q
 from ._dense import DenseDevice
 from .base import register_device_codec
@@ -58,7 +58,7 @@ class QSGDDevice(DenseDevice):
         bits, levels = codec.bits, codec.levels
         bucket = min(codec.bucket, max(n, 1))
         nb = -(-n // bucket)
-        packet = self.new_packet(_packet_size(n, bits, bucket), n, extra=bucket | bits << 28)
+        packet = self.new_packet(packet_size(n, bits, bucket), n, extra=bucket | bits << 28)
         pf = packet[:16 + 4 * nb].view(np.float32)
         key, offset = codec._key(ctx), int(ctx.offset)
         ratios = self.scratch("ratios", nb, np.float64)

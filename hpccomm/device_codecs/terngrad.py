@@ -46,7 +46,7 @@ class TernGradDevice(DenseDevice):
 
     def _moments(self, src, n):
         """``(max|v|, S1, S2, L1, L2, count)`` of the source, as
-        :func:`~hpccomm.kernels.quantize.tern_stats` returns them."""
+        :func:`~hpccomm.kernels.terngrad.tern_stats` returns them."""
         if n == 0:
             return np.float32(0.0), 0.0, 0.0, 0.0, 0.0, 0
         lanes = self.scratch("lanes", 3 * _LANES + 1, np.float64)

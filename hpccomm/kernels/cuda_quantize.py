@@ -1,18 +1,19 @@
 """GPU kernels (numba.cuda) of the quantizing codecs.
 
 Each function here produces **the same bytes** as its CPU counterpart in
-:mod:`hpccomm.kernels.quantize` (same counter-based random numbers, same
-float32 / float64 operations in the same order), so packets do not depend
-on the device:
+the kernel modules of the quantizing codecs (:mod:`hpccomm.kernels.onebit`,
+``terngrad``, ``qsgd``, ``bitcodes``, ``halfwidth``; same counter-based
+random numbers, same float32 / float64 operations in the same order), so
+packets do not depend on the device:
 
 =====================  ==============================================
-``onebit_means``       the ``means`` of ``quantize.onebit_encode``
+``onebit_means``       the ``means`` of ``onebit.onebit_encode``
 ``onebit_pack``        its sign ``words``
-``onebit_unpack``      ``quantize.onebit_decode``
-``tern_pack``          ``quantize.tern_pack``
-``qsgd_scales``        ``quantize.bucket_scales``
-``qsgd_pack``          the codes of ``quantize.qsgd_encode``, given scales
-``codes_decode``       ``quantize.codes_decode``
+``onebit_unpack``      ``onebit.onebit_decode``
+``tern_pack``          ``terngrad.tern_pack``
+``qsgd_scales``        ``qsgd.bucket_scales``
+``qsgd_pack``          the codes of ``qsgd.qsgd_encode``, given scales
+``codes_decode``       ``bitcodes.codes_decode``
 =====================  ==============================================
 
 and the fused kernels of the device codecs (:mod:`hpccomm.device_codecs`),
@@ -45,7 +46,7 @@ from numba import config, cuda
 
 from . import cuda_util as U
 from .cuda_util import dmul_rn, fmul_rn, imax, imin
-from .quantize import F32_MAX, LANES
+from .quant_common import F32_MAX, LANES
 from .rng import bits24_weyl, uniform01, weyl
 
 _uniform01 = cuda.jit(device=True)(uniform01)
@@ -58,7 +59,7 @@ _launch = partial(U.launch, _THREADS)
 
 
 # ---------------------------------------------------------------------------
-# lane sums (same order as quantize._lane_total)
+# lane sums (same order as quant_common._lane_total)
 # ---------------------------------------------------------------------------
 @cuda.jit(device=True)
 def _lane_total(acc):
@@ -388,10 +389,10 @@ def _nonfinite(v):
 
 # ---------------------------------------------------------------------------
 # fp16 / bf16: integer rounding on bit patterns (plain functions: they also
-# compile with numba.njit, which the tests compare with quantize's kernels)
+# compile with numba.njit, which the tests compare with halfwidth's kernels)
 # ---------------------------------------------------------------------------
 def f16_round(w):
-    """The binary16 bits of the float32 with bits ``w`` (as quantize's
+    """The binary16 bits of the float32 with bits ``w`` (as halfwidth's
     ``_f16_bits``): nearest even; ``|h| >= 65520`` saturates to 65504;
     inf stays; NaN becomes quiet keeping the top 9 payload bits.  Half
     subnormals round ``|v| 2**24`` to an integer, ties to even, in integers."""
@@ -420,7 +421,7 @@ def f16_round(w):
 
 
 def bf16_round(w):
-    """The bfloat16 bits of the float32 with bits ``w`` (quantize's
+    """The bfloat16 bits of the float32 with bits ``w`` (halfwidth's
     ``_bf16_bits`` with saturation): nearest even; finite values that would
     round to inf become +-0x7F7F; NaN becomes quiet."""
     a = w & 0x7FFFFFFF
@@ -434,7 +435,7 @@ def bf16_round(w):
 
 def f16_value_bits(h):
     """The float32 bits of the binary16 bits ``h`` (exact; NaN canonical
-    0x7FC00000 with ``h``'s sign), as quantize's ``_f16_value``."""
+    0x7FC00000 with ``h``'s sign), as halfwidth's ``_f16_value``."""
     b = np.uint32(h)
     m = b & 0x7FFF
     s = (b & 0x8000) << 16
@@ -546,7 +547,7 @@ def onebit_columns(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e,
                    bad, count):
     """Per column (one thread each): the lane sums of the source's entries
     ``>= 0`` and ``< 0`` (element ``i`` in lane ``(i - lo) mod LANES``, index
-    order; quantize's ``_sign_sums``), the two means into the packet; with
+    order; onebit's ``_sign_sums``), the two means into the packet; with
     ``words_here`` (columns of whole words) also the column's sign words,
     ``e_out`` and ``out`` from a second look at the column."""
     pos = cuda.local.array(LANES, np.float64)
@@ -631,7 +632,7 @@ def tern_lanes(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has
                n, lanes, maxes, counts):
     """Lane ``k`` (thread ``k`` of one block of LANES): over ``i = k mod
     LANES`` in index order, ``max|v|`` (float32, NaN ignored) and the float64
-    sums of ``v - v[0]``, ``(v - v[0])**2``, ``|v|`` (quantize's
+    sums of ``v - v[0]``, ``(v - v[0])**2``, ``|v|`` (terngrad's
     ``_tern_moments``) into ``maxes[k]``, ``lanes[k]``, ``lanes[LANES + k]``,
     ``lanes[2 LANES + k]``; the NaN/Inf count into ``counts[k]``."""
     k = cuda.threadIdx.x
@@ -666,7 +667,7 @@ def tern_lanes(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has
 @cuda.jit(cache=True)
 def tern_totals(n, lanes, maxes, counts, res):
     """One thread: ``res = (max|v|, S1, S2, L1, L2, count)`` from the lanes of
-    :func:`tern_lanes`, by quantize's ``_tern_totals`` (the lane tree, ``L2 =
+    :func:`tern_lanes`, by terngrad's ``_tern_totals`` (the lane tree, ``L2 =
     S2 + x0 (2 S1 + n x0)`` with unfused products, floored at ``max|v|**2``)."""
     if cuda.grid(1) != 0:
         return
@@ -694,7 +695,7 @@ def tern_code(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, has_
               n, key, offset, scale, unit, unit_bits, pu, pw, e_out, has_eout, out, has_out):
     """Per code byte (four elements): the ternary codes of the source ``v``
     against ``scale`` (``sign(v)`` if ``u * scale < min(|v|, scale)``, in
-    float32; quantize's ``_tern_block``) packed into ``pu[20:]``, ``e_out = v
+    float32; terngrad's ``_tern_block``) packed into ``pu[20:]``, ``e_out = v
     - t unit`` and ``out = t unit`` (those flagged); the packet's scale
     ``unit`` (as bits ``unit_bits``) into ``pw[4]``."""
     start = cuda.grid(1)
@@ -747,7 +748,7 @@ _F64_2P24 = float(1 << 24)
 
 @cuda.jit(device=True)
 def _qsgd_put(i, v, key, offset, ratio, unit, levels, e_out, has_eout, out, has_out):
-    """The QSGD code of element ``i`` (``v`` its input; quantize's
+    """The QSGD code of element ``i`` (``v`` its input; qsgd's
     ``_qsgd_block``: ``floor(|v| ratio 2**24 + r) >> 24`` with unfused
     product, ``r`` the 24 random bits; zero without a draw when ``ratio ==
     0``); writes ``e_out[i] = v - float32(c unit)``, ``out[i] = float32(c
@@ -772,7 +773,7 @@ def qsgd_buckets(base, has_base, a0, b0, a1, b1, a2, b2, a3, b3, npk, flag, e, h
                  n, bucket, bits, levels, use_max, key, offset, contract, omega, omega_last,
                  pf, pu, nb, ratios, units, codes_here, e_out, has_eout, out, has_out,
                  bad, count):
-    """Per bucket (one thread each), quantize's ``_bucket_scale`` of the
+    """Per bucket (one thread each), qsgd's ``_bucket_scale`` of the
     source ``v`` (lane maxima of ``|v|`` or lane sums of ``v**2``, element
     ``i`` in lane ``(i - lo) mod LANES``, index order; the l2 norm
     saturated), with ``contract`` the factor ``1 / (1 + min(omega, S

@@ -1,10 +1,10 @@
 """CPU kernels of QSGD's Elias coding (``qsgd`` with ``elias=True``).
 
 They transcode between the fixed-width QSGD codes (``bits``-bit two's
-complement, packed LSB first, as :func:`hpccomm.kernels.quantize.qsgd_encode`
+complement, packed LSB first, as :func:`hpccomm.kernels.qsgd.qsgd_encode`
 writes them) and the Elias bit streams of :mod:`hpccomm.codecs.qsgd`'s
 layout version 2, bucket by bucket; the quantization itself stays in
-:mod:`hpccomm.kernels.quantize`.
+:mod:`hpccomm.kernels.qsgd`.
 
 Elias-omega code of ``N >= 1`` (Elias 1975): the groups ``bin(N_k) ..
 bin(N_1) bin(N)`` then a ``0``, where ``N_1 = bitlen(N) - 1``, ``N_2 =
