@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -312,6 +313,55 @@ def test_netem_tiny_run_and_teardown(tmp_path, mode):
     # 1 MiB over 1 Gbit/s links cannot take less than the wire time
     assert big["time_median"] > (1 << 20) * 8 / 1e9 * 0.9
     assert sorted(after.split()) == sorted(before.split()), "namespaces left behind"
+
+
+KILLED_RUN = """
+import os, subprocess, sys
+from hpccomm.bench.netem import Cluster
+c = Cluster(1, "1gbit", "shared")
+c.build()
+# a process left inside, as a daemon of a killed Slurm test would be
+subprocess.Popen(["ip", "netns", "exec", c.host_ns(0), "sleep", "300"], start_new_session=True,
+                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+print(c.host_ns(0), flush=True)
+os._exit(0)          # killed before close(): the namespace stays behind
+"""
+
+
+@pytest.mark.alone
+@pytest.mark.skipif(_netem_possible() is not None, reason=f"netem: {_netem_possible()}")
+def test_a_killed_runs_namespaces_go_with_the_next_run():
+    from hpccomm.bench.netem import Cluster, remove_stale
+
+    def names():
+        return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+
+    def inside(ns):
+        out = subprocess.run(["ip", "netns", "pids", ns], capture_output=True, text=True).stdout
+        return out.split()
+
+    proc = subprocess.run([PY, "-c", KILLED_RUN], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    left = proc.stdout.split()[0]
+    deadline = time.time() + 10
+    while not inside(left) and time.time() < deadline:     # the sleep has entered it
+        time.sleep(0.1)
+    assert left in names() and inside(left)
+    live = Cluster(1, "1gbit", "shared", prefix=f"hpcclive{os.getpid() % 100000}")
+    try:
+        live.build()           # the next run: the dead owner's namespace and process go
+        assert left not in names()
+        assert live.host_ns(0) in names()
+        # a live owner's namespaces stay, and names this module did not make too
+        subprocess.run(["ip", "netns", "add", "hpcc-other-test"], check=True)
+        try:
+            assert remove_stale() == []
+            assert live.host_ns(0) in names() and "hpcc-other-test" in names()
+        finally:
+            subprocess.run(["ip", "netns", "delete", "hpcc-other-test"])
+    finally:
+        live.close()
+    assert live.host_ns(0) not in names()
 
 
 def test_sparse_bench_runs():

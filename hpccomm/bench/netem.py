@@ -17,7 +17,8 @@ Modes
 The launcher reaches the "hosts" through a generated stand-in for ssh that runs
 the command inside the host's namespace with its own hostname.  Every
 namespace this command creates carries a per-run prefix, and exactly those are
-deleted afterwards -- on success, on failure and on Ctrl-C.
+deleted afterwards -- on success, on failure and on Ctrl-C; those of a run that
+was killed outright are deleted by the next run (its owner is gone).
 
 Limits of the emulation: the kernel here has no netem qdisc, so latency and
 loss cannot be added, only bandwidth; and 2 cores cap TCP near 5 Gbit/s, so
@@ -91,13 +92,80 @@ def kernel_problem(rate: str = "1gbit") -> Optional[str]:
     return None
 
 
+#: one file per live cluster, named by its prefix, holding the owning process's
+#: pid and start time: what :func:`remove_stale` asks before it deletes anything
+OWNERS = "/run/hpccomm-netns"
+#: the prefixes this module makes (``hpcc<n>``, ``hpccprobe<n>``, the test
+#: suite's ``hpccslurm<n>``; n = the owner's pid modulo 100000)
+_PREFIX = re.compile(r"^hpcc[a-z]*(\d+)$")
+
+
+def _start_time(pid: int) -> Optional[str]:
+    """The start time of process ``pid`` (clock ticks since boot), or None when
+    there is no such process: with the pid it names one process for good."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
+            return f.read().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def _owner_alive(prefix: str) -> bool:
+    """Whether the process that made the namespaces of ``prefix`` still runs:
+    its owner file names it exactly; without one (namespaces of a version that
+    wrote none), any live process whose pid ends the same way counts."""
+    try:
+        with open(os.path.join(OWNERS, prefix), encoding="ascii") as f:
+            pid, start = f.read().split()
+        return _start_time(int(pid)) == start
+    except (OSError, ValueError):
+        n = int(_PREFIX.match(prefix).group(1))
+        return any(int(p) % 100000 == n for p in os.listdir("/proc") if p.isdigit())
+
+
+def _netns_names() -> List[str]:
+    proc = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30)
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def remove_stale() -> List[str]:
+    """Delete the namespaces of clusters whose owning process is gone (a run
+    that was killed before its ``close()``), after killing what still runs in
+    them; returns their names.  Namespaces of live owners, and any not named
+    by this module, are left alone."""
+    stale: List[str] = []
+    for name in _netns_names():
+        prefix = name.split("-", 1)[0]
+        if "-" in name and _PREFIX.match(prefix) and not _owner_alive(prefix):
+            stale.append(name)
+    for name in stale:
+        proc = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                              timeout=30)
+        for pid in proc.stdout.split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass
+        subprocess.run(["ip", "netns", "delete", name], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=30)
+    for prefix in os.listdir(OWNERS) if os.path.isdir(OWNERS) else []:
+        if _PREFIX.match(prefix) and not _owner_alive(prefix):
+            try:
+                os.unlink(os.path.join(OWNERS, prefix))
+            except FileNotFoundError:
+                pass
+    return stale
+
+
 class Cluster:
     """Namespaces, veths, a bridge and tbf limits; ``close()`` removes them.
 
     Host ``i`` is the namespace ``host_ns(i)`` with NIC ``veth0`` at
     ``addr(i)``; every namespace name starts with ``prefix`` (default: one per
-    process), which is what ``close()`` deletes.  Also used by the test
-    suite's emulated multi-host Slurm cluster (``tests/slurm_cluster.py``)."""
+    process), which is what ``close()`` deletes.  ``build()`` first deletes
+    what killed runs left behind (:func:`remove_stale`) and records this
+    process as the owner of ``prefix``.  Also used by the test suite's emulated
+    multi-host Slurm cluster (``tests/slurm_cluster.py``)."""
 
     def __init__(self, ranks: int, rate: str, mode: str, burst: str = "256kb",
                  tbf_latency: str = "100ms", verbose: bool = False,
@@ -135,7 +203,14 @@ class Cluster:
         self._run("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", "tbf",
                   "rate", self.rate, "burst", self.burst, "latency", self.tbf_latency)
 
+    def _own(self) -> None:
+        os.makedirs(OWNERS, exist_ok=True)
+        with open(os.path.join(OWNERS, self.prefix), "w", encoding="ascii") as f:
+            f.write(f"{os.getpid()} {_start_time(os.getpid())}\n")
+
     def build(self) -> None:
+        remove_stale()
+        self._own()
         if self.mode == "shared":
             self._add_ns(self.host_ns(0))
             self._tbf(self.host_ns(0), "lo")
@@ -197,6 +272,10 @@ exec ip netns exec "{self.prefix}-r$((idx-1))" unshare --uts sh -c "hostname r$(
             subprocess.run(["ip", "netns", "delete", name], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=30)
         self.created.clear()
+        try:
+            os.unlink(os.path.join(OWNERS, self.prefix))
+        except FileNotFoundError:
+            pass
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self):
