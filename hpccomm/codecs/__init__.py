@@ -17,13 +17,20 @@ for _mod in sorted(m.name for m in pkgutil.iter_modules(__path__)):
     importlib.import_module(f"{__name__}.{_mod}")
 
 
+def _codec_or_class(spec):
+    """The codec instance ``spec``, or the registered class its name (``"+rotate"``
+    names too) names, or None: what the class attributes are read from."""
+    if isinstance(spec, Codec):
+        return spec
+    name = split_rotate(spec)[0] if isinstance(spec, str) else None
+    return CODECS.get(name) if name in CODECS else None
+
+
 def own_algorithm(spec) -> Optional[str]:
     """The algorithm a codec (a name, ``"+rotate"`` names too, or an
     instance) names as its own (``powersgd``'s), or None."""
-    if isinstance(spec, Codec):
-        return spec.algorithm
-    name = split_rotate(spec)[0] if isinstance(spec, str) else None
-    return CODECS.get(name).algorithm if name in CODECS else None
+    codec = _codec_or_class(spec)
+    return None if codec is None else codec.algorithm
 
 
 def default_algorithm(spec) -> str:
@@ -34,14 +41,10 @@ def default_algorithm(spec) -> str:
     default: on a link where compression does not pay it chooses dense, but its
     model ranks the compressed algorithms within its own error of each other
     (docs/results/auto.md)."""
-    own = own_algorithm(spec)
-    if own is not None:
-        return own
-    if isinstance(spec, Codec):
-        return "mpi" if spec.lossless else "twoshot"
-    name = split_rotate(spec)[0] if isinstance(spec, str) else None
-    cls = CODECS.get(name) if name in CODECS else None
-    return "mpi" if cls is None or cls.lossless else "twoshot"
+    codec = _codec_or_class(spec)
+    if codec is None:           # an unknown name: get_codec raises its error
+        return "mpi"
+    return codec.algorithm or ("mpi" if codec.lossless else "twoshot")
 
 
 def get_codec(spec, **params) -> Codec:
@@ -72,5 +75,4 @@ def get_codec(spec, **params) -> Codec:
 
 
 __all__ = ["Codec", "EncodeContext", "HEADER_SIZE", "available_codecs", "default_algorithm",
-           "get_codec",
-           "own_algorithm", "packet_codecs", "register_codec"]
+           "get_codec", "own_algorithm", "packet_codecs", "register_codec"]
