@@ -154,14 +154,14 @@ def main(argv=None) -> int:
 
     import hpccomm
     from hpccomm import cost_model
-    from hpccomm.collectives.auto import host_set_key, profile_location
+    from hpccomm.collectives.auto import host_set_name, profile_location
     from hpccomm.communicators import ranks_on_node
 
     mode = "quick" if args.quick else "full" if args.full else "default"
     comm = MPI.COMM_WORLD.Dup()
     P, rank = comm.Get_size(), comm.Get_rank()
-    hosts = host_set_key(comm) if P > 1 else "local"
-    path = args.output or profile_location(comm)
+    hosts = host_set_name(comm)
+    path = args.output or profile_location(comm, hosts)
     if args.if_missing:
         usable = rank == 0 and cost_model.load(path)[1] == path
         if comm.bcast(usable):

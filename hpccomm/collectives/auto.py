@@ -60,11 +60,16 @@ def host_set_key(comm: MPI.Comm) -> str:
     return hashlib.blake2b(",".join(names).encode(), digest_size=6).hexdigest()
 
 
-def profile_location(comm: MPI.Comm) -> str:
-    """The profile file ``auto`` on ``comm`` looks for (rank 0 reads it;
-    collective): keyed by :func:`host_set_key` and the size, ``local`` alone."""
-    size = comm.Get_size()
-    return cost_model.profile_path(host_set_key(comm) if size > 1 else "local", size)
+def host_set_name(comm: MPI.Comm) -> str:
+    """What a profile of ``comm`` is keyed by: :func:`host_set_key`, or
+    ``local`` for one rank (collective)."""
+    return host_set_key(comm) if comm.Get_size() > 1 else "local"
+
+
+def profile_location(comm: MPI.Comm, hosts: Optional[str] = None) -> str:
+    """The profile file ``auto`` on ``comm`` looks for (rank 0 reads it):
+    keyed by ``hosts`` (default :func:`host_set_name`, collective) and the size."""
+    return cost_model.profile_path(hosts or host_set_name(comm), comm.Get_size())
 
 
 @register_algorithm
