@@ -442,8 +442,8 @@ def main(argv=None) -> int:
         cols = ("size", "count", "codec", "algorithm", "med(us)", "min(us)", "max(us)",
                 "algbw(GB/s)", "busbw(GB/s)", "wire(B)", "ratio", "speedup", "rel_err",
                 "enc%", "comm%", "dec%") + (("#wrong", "ref") if args.check else ())
-        print("#" + "".join(f"{c:>14}" if i not in (2, 3) else f"{c:>12}" if i == 2
-                            else f"{c:>14}" for i, c in enumerate(cols))[1:])
+        print("#" + "".join(f"{c:>12}" if i == 2 else f"{c:>14}"
+                            for i, c in enumerate(cols))[1:])
         sys.stdout.flush()
 
     rows = []
