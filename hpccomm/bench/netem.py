@@ -36,7 +36,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 _RATE_RE = re.compile(r"^(\d+(?:\.\d+)?)(kbit|mbit|gbit)$")
 _RATE_BITS = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
@@ -128,32 +128,69 @@ def _netns_names() -> List[str]:
     return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
 
 
+def _pids_in(names: List[str]) -> List[int]:
+    """Processes running inside the namespaces ``names``."""
+    found: List[int] = []
+    for name in names:
+        proc = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
+                              timeout=30)
+        found += [int(p) for p in proc.stdout.split() if p.isdigit()]
+    return found
+
+
+def _kill_in(names: List[str], signals=(signal.SIGTERM, signal.SIGKILL),
+             grace: float = 2.0) -> None:
+    """Send each of ``signals`` in turn, ``grace`` seconds apart, to every
+    process still inside the namespaces ``names``: deleting a namespace only
+    removes its name, and a process left in it would keep running, unreachable."""
+    for sig in signals:
+        pids = _pids_in(names)
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + grace
+        while pids and time.time() < deadline:
+            time.sleep(0.1)
+            pids = _pids_in(names)
+        if not pids:
+            return
+
+
+def _delete(names: List[str]) -> None:
+    for name in names:
+        subprocess.run(["ip", "netns", "delete", name], stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=30)
+
+
+def _disown(prefix: str) -> None:
+    try:
+        os.unlink(os.path.join(OWNERS, prefix))
+    except FileNotFoundError:
+        pass
+
+
 def remove_stale() -> List[str]:
     """Delete the namespaces of clusters whose owning process is gone (a run
     that was killed before its ``close()``), after killing what still runs in
     them; returns their names.  Namespaces of live owners, and any not named
     by this module, are left alone."""
-    stale: List[str] = []
+    by_prefix: Dict[str, List[str]] = {}
     for name in _netns_names():
         prefix = name.split("-", 1)[0]
-        if "-" in name and _PREFIX.match(prefix) and not _owner_alive(prefix):
-            stale.append(name)
-    for name in stale:
-        proc = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                              timeout=30)
-        for pid in proc.stdout.split():
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except (ProcessLookupError, ValueError):
-                pass
-        subprocess.run(["ip", "netns", "delete", name], stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=30)
-    for prefix in os.listdir(OWNERS) if os.path.isdir(OWNERS) else []:
-        if _PREFIX.match(prefix) and not _owner_alive(prefix):
-            try:
-                os.unlink(os.path.join(OWNERS, prefix))
-            except FileNotFoundError:
-                pass
+        if "-" in name and _PREFIX.match(prefix):
+            by_prefix.setdefault(prefix, []).append(name)
+    owned = set(os.listdir(OWNERS)) if os.path.isdir(OWNERS) else set()
+    stale: List[str] = []
+    for prefix in sorted(set(by_prefix) | {p for p in owned if _PREFIX.match(p)}):
+        if _owner_alive(prefix):
+            continue
+        names = by_prefix.get(prefix, [])
+        _kill_in(names, signals=(signal.SIGKILL,))
+        _delete(names)
+        _disown(prefix)
+        stale += names
     return stale
 
 
@@ -239,43 +276,16 @@ exec ip netns exec "{self.prefix}-r$((idx-1))" unshare --uts sh -c "hostname r$(
 """)
         os.chmod(self.nsexec, 0o755)
 
-    def pids(self) -> List[int]:
-        """Processes still running inside this cluster's namespaces."""
-        found: List[int] = []
-        for name in self.created:
-            proc = subprocess.run(["ip", "netns", "pids", name], capture_output=True, text=True,
-                                  timeout=30)
-            found += [int(p) for p in proc.stdout.split() if p.isdigit()]
-        return found
-
     def kill_leftovers(self, grace: float = 2.0) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds, every process still
-        inside this cluster's namespaces: deleting a namespace only removes its
-        name, and a process left in it would keep running, unreachable."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            pids = self.pids()
-            for pid in pids:
-                try:
-                    os.kill(pid, sig)
-                except ProcessLookupError:
-                    pass
-            deadline = time.time() + grace
-            while pids and time.time() < deadline:
-                time.sleep(0.1)
-                pids = self.pids()
-            if not pids:
-                return
+        inside this cluster's namespaces (:func:`_kill_in`)."""
+        _kill_in(self.created, grace=grace)
 
     def close(self) -> None:
         self.kill_leftovers()
-        for name in reversed(self.created):
-            subprocess.run(["ip", "netns", "delete", name], stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=30)
+        _delete(list(reversed(self.created)))
         self.created.clear()
-        try:
-            os.unlink(os.path.join(OWNERS, self.prefix))
-        except FileNotFoundError:
-            pass
+        _disown(self.prefix)
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def __enter__(self):
