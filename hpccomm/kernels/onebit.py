@@ -15,13 +15,6 @@ from numba import njit, prange
 
 from .quant_common import BLOCK, LANES, _compensate_block, _lane_total
 
-_U0 = np.uint64(0)
-_U1 = np.uint64(1)
-_U5 = np.uint64(5)
-_U31 = np.uint64(31)
-_U32 = np.uint64(32)
-
-
 @njit(cache=True, nogil=True, inline="always")
 def _sign_sums(xb, acc):
     """Add the entries of ``xb`` that are ``>= 0`` to lanes ``acc[0:LANES]``
@@ -46,31 +39,6 @@ def _sign_sums(xb, acc):
         acc[LANES + k] += v - pos
         npos += np.int64(p)
     return npos
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _pack_signs(x, lo, hi, words, carry):
-    """Sign bits of ``x[lo:hi]`` into ``words`` at absolute bit positions;
-    ``carry`` is the pending partial word before ``lo``.  Returns the pending
-    partial word after ``hi`` (stored by the caller at the very end)."""
-    i = np.uint64(lo)
-    end = np.uint64(hi)
-    while i < end and (i & _U31) != _U0:         # head: up to a word boundary
-        carry |= np.int64(x[i] >= 0) << np.int64(i & _U31)
-        i += _U1
-        if (i & _U31) == _U0:
-            words[(i >> _U5) - _U1] = carry
-            carry = 0
-    while i + _U32 <= end:                       # body: whole words
-        w = np.int64(0)
-        for k in range(32):
-            w |= np.int64(x[i + np.uint64(k)] >= 0) << k
-        words[i >> _U5] = w
-        i += _U32
-    while i < end:                               # tail: a partial word
-        carry |= np.int64(x[i] >= 0) << np.int64(i & _U31)
-        i += _U1
-    return carry
 
 
 @njit(cache=True, nogil=True, inline="always")
