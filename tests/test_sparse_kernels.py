@@ -344,3 +344,102 @@ class TestSparseVector:
         sv.indices[:] = [2, 1]
         with pytest.raises(ValueError, match="not strictly increasing"):
             sv.validate()
+
+
+# ---------------------------------------------------------------------------
+# checks of what arrives from the wire (the kernels above check nothing)
+# ---------------------------------------------------------------------------
+def first_unordered_reference(idx, lo, hi):
+    prev = lo - 1
+    for t, i in enumerate(int(v) for v in idx):
+        if i <= prev or i >= hi:
+            return t
+        prev = i
+    return -1
+
+
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+@pytest.mark.parametrize("n", SIZES)
+def test_first_unordered_finds_the_first_bad_index(n, dtype):
+    rng = np.random.default_rng(600 + n)
+    lo = int(rng.integers(0, 9))
+    for trial in range(30):
+        idx, _ = random_pairs(rng, n, rng.uniform(0, 1), dtype=dtype, lo=lo)
+        assert K.first_unordered(idx, lo, lo + n) == -1
+        if not idx.size:
+            continue
+        bad = idx.copy()
+        t = int(rng.integers(0, bad.size))
+        bad[t] = [lo - 1, lo + n, bad[t - 1] if t else lo - 1,
+                  bad[t - 1] - 1 if t else lo + n + 5][trial % 4]
+        assert K.first_unordered(bad, lo, lo + n) == first_unordered_reference(bad, lo, lo + n)
+        assert K.first_unordered(bad, lo, lo + n) <= t
+
+
+def rle_valid_reference(words, m):
+    """Walk the block as rle_decode_into would, in Python, with every read checked."""
+    words = [int(w) for w in words]
+    if not words:
+        return False
+    if words[0] == int(K.RLE_DENSE):
+        return len(words) == 1 + m
+    w, pos = 1, 0
+    for _ in range(words[0]):
+        if w + 2 > len(words):
+            return False
+        pos += words[w]
+        run = words[w + 1]
+        w += 2
+        if pos + run > m or w + run > len(words):
+            return False
+        w += run
+        pos += run
+    return w == len(words)
+
+
+@pytest.mark.parametrize("m", [1, 5, 64, 257])
+def test_rle_valid_takes_every_block_and_refuses_broken_ones(m):
+    rng = np.random.default_rng(700 + m)
+    for trial in range(40):
+        i, v = (clustered_pairs(rng, m, 3) if trial % 2 else
+                random_pairs(rng, m, rng.uniform(0, 1)))
+        for words in (K.rle_encode_pairs(i, v, 0, m), encode_block(i, v, 0, m),
+                      K.rle_dense_words(dense_of(i, v, m))):
+            assert K.rle_valid(words, m) and rle_valid_reference(words, m)
+            broken = [words[:-1], np.append(words, np.uint32(0)), words.copy(), words.copy()]
+            broken[2][0] = np.uint32(words[0] + 1) if words[0] != K.RLE_DENSE else 0
+            if words.size > 2 and words[0] != K.RLE_DENSE:
+                broken[3][1] = np.uint32(m)            # the first run starts past the block
+            for b in broken:
+                assert K.rle_valid(b, m) == rle_valid_reference(b, m)
+            assert not K.rle_valid(broken[0], m) and not K.rle_valid(broken[1], m)
+
+
+def test_a_payload_with_bad_indices_is_a_packet_error():
+    idt = np.dtype(np.int32)
+    good = Part.from_pairs(10, 110, idt, np.array([12, 50, 99], idt),
+                           np.ones(3, np.float32)).payload()
+    assert Part.from_payload(good, 10, 110, idt).nnz == 3
+    for bad_idx in ([9, 50, 99], [12, 50, 110], [12, 12, 99], [50, 12, 99]):
+        bad = good.copy()
+        bad[:12] = np.array(bad_idx, idt).view(np.uint8)
+        with pytest.raises(PacketError, match="not increasing inside"):
+            Part.from_payload(bad, 10, 110, idt)
+
+
+def test_a_record_with_a_bad_header_or_indices_is_a_packet_error():
+    n, idt = 100, index_dtype(100)
+    layout = RecordLayout(n, 2, idt)          # full: a count past it reads only valid indices
+    rec = make_record(layout, np.array([3, 7], idt), np.ones(2, np.float32))
+    assert layout.part(rec).nnz == 2
+    for change in ("count", "flag", "order"):
+        bad = rec.copy()
+        hdr, idx, _, _ = layout.views(bad)
+        if change == "count":
+            hdr[0] = layout.cap + 1
+        elif change == "flag":
+            hdr[1] = 1                    # dense, in a record that cannot be
+        else:
+            idx[:2] = [7, 3]
+        with pytest.raises(PacketError, match="sparse_op"):
+            layout.part(bad)

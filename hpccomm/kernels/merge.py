@@ -4,7 +4,8 @@ fixed-capacity sparse records, and an affine permutation of index space.
 A sparse vector here is a pair of arrays ``(idx, vals)``: ``idx`` strictly
 increasing int32 or int64 global indices, ``vals`` float32 of the same length.
 Every kernel is ``numba.njit(cache=True)`` and does **no bounds checks**: the
-callers validate indices (range, order) in Python before a kernel runs.
+callers validate indices (range, order) before a kernel runs -- those from the
+wire with :func:`first_unordered`, run-length blocks with :func:`rle_valid`.
 
 Summation order is part of each kernel's contract, because the collectives
 built on them promise bit-identical results on every rank:
@@ -38,6 +39,19 @@ _DENSE_WORD = 0xFFFFFFFF
 # ---------------------------------------------------------------------------
 # Sorted streams
 # ---------------------------------------------------------------------------
+@njit(cache=True, nogil=True)
+def first_unordered(idx, lo, hi):
+    """The position of the first index of ``idx`` outside ``[lo, hi)`` or not
+    above its predecessor; -1 when all are strictly increasing inside it."""
+    prev = np.int64(lo) - 1
+    for t in range(idx.size):
+        i = np.int64(idx[t])
+        if i <= prev or i >= hi:
+            return t
+        prev = i
+    return -1
+
+
 @njit(cache=True, nogil=True)
 def merge_sum(ia, va, ib, vb):
     """Union of two strictly increasing streams; ``va + vb`` on common
@@ -195,6 +209,30 @@ def rle_dense_words(dense):
     words[0] = _DENSE_WORD
     words[1:].view(np.float32)[:] = dense
     return words
+
+
+@njit(cache=True, nogil=True)
+def rle_valid(words, m):
+    """Whether ``words`` is a whole RLE or dense block of ``m`` values: every
+    run inside the block and every word read inside ``words``."""
+    nw = words.size
+    if nw == 0:
+        return False
+    if words[0] == _DENSE_WORD:
+        return nw == 1 + m
+    w = 1
+    pos = np.int64(0)
+    for _ in range(np.int64(words[0])):
+        if w + 2 > nw:
+            return False
+        pos += np.int64(words[w])
+        run = np.int64(words[w + 1])
+        w += 2
+        if pos + run > m or w + run > nw:
+            return False
+        w += run
+        pos += run
+    return w == nw
 
 
 @njit(cache=True, nogil=True)

@@ -71,6 +71,17 @@ def goes_dense(nnz: int, length: int, idx_bytes: int) -> bool:
     return nnz * (idx_bytes + VALUE_BYTES) >= VALUE_BYTES * length
 
 
+def check_indices(idx: np.ndarray, lo: int, hi: int, what: str) -> None:
+    """Raise :class:`~hpccomm.errors.PacketError` unless the indices ``idx``
+    received from another rank are strictly increasing inside ``[lo, hi)``
+    (the kernels that scatter them check nothing)."""
+    bad = K.first_unordered(idx, lo, hi)
+    if bad >= 0:
+        prev = f" after {int(idx[bad - 1])}" if bad else ""
+        raise PacketError(f"{what}: index {int(idx[bad])} at position {bad}{prev} is not "
+                          f"increasing inside [{lo}, {hi})")
+
+
 class Part:
     """A sparse-or-dense piece of a vector over ``[lo, hi)``.
 
@@ -105,7 +116,9 @@ class Part:
                               f"{pair}-byte pairs")
         nnz = size // pair
         cut = nnz * idt.itemsize
-        return cls(lo, hi, idt, idx=_aligned(buf[:cut], idt), vals=_aligned(buf[cut:], np.float32))
+        idx = _aligned(buf[:cut], idt)
+        check_indices(idx, lo, hi, "sparse payload")
+        return cls(lo, hi, idt, idx=idx, vals=_aligned(buf[cut:], np.float32))
 
     # -- properties -------------------------------------------------------
     @property

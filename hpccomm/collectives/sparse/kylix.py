@@ -69,13 +69,25 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ...errors import PacketError
 from ...kernels import merge as K
 from ..base import register_algorithm
-from .base import SparseAlgorithm, index_dtype
+from .base import SparseAlgorithm, check_indices, index_dtype
 
 ALPHA = 20e-6          #: modelled seconds per message
 BETA = 1.0 / 1.25e9    #: modelled seconds per byte
 CACHE_KEY = "kylix"
+
+
+def _indices(payload: np.ndarray, idt: np.dtype, lo: int, hi: int) -> np.ndarray:
+    """Indices received from another rank, checked: whole ``idt`` items,
+    strictly increasing inside ``[lo, hi)``."""
+    if payload.size % idt.itemsize:
+        raise PacketError(f"kylix: an index message of {payload.size} bytes is not whole "
+                          f"{idt.itemsize}-byte indices")
+    idx = payload.view(idt)
+    check_indices(idx, lo, hi, "kylix: index message")
+    return idx
 
 
 def _divisors(P: int) -> List[int]:
@@ -240,18 +252,20 @@ class Kylix(SparseAlgorithm):
             bounds = [lo + (hi - lo) * j // k for j in range(k + 1)]
             cuts = np.searchsorted(current, np.asarray(bounds, dtype=np.int64))
             parts = [current[cuts[j]:cuts[j + 1]].view(np.uint8) for j in range(k)]
-            got = self._exchange_parts(net, parts, members, pos)
+            got = [_indices(g, idt, bounds[pos], bounds[pos + 1])
+                   for g in self._exchange_parts(net, parts, members, pos)]
             with call.time("encode"):
-                union, maps = union_with_maps([g.view(idt) for g in got])
+                union, maps = union_with_maps(got)
             layers.append(_Layer(members, pos, cuts, maps, union.size))
             current = union
             lo, hi, c = bounds[pos], bounds[pos + 1], c * k
         for layer in reversed(layers):
             k = len(layer.members)
             got = self._exchange_parts(net, [current.view(np.uint8)] * k, layer.members, layer.pos)
-            pieces = [g.view(idt) for g in got]
+            pieces = [_indices(g, idt, 0, n) for g in got]
             layer.up_sizes = [p.size for p in pieces]
             current = np.concatenate(pieces)
+        check_indices(current, 0, n, "kylix: the gathered index set")
         with call.time("encode"):
             union = current.astype(np.int64)
             union_order = None

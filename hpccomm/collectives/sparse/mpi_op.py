@@ -63,9 +63,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import PacketError
 from ...kernels import merge as K
 from ..base import register_algorithm
-from .base import Part, SparseAlgorithm, finish, index_dtype
+from .base import Part, SparseAlgorithm, check_indices, finish, index_dtype
 
 HEADER_BYTES = 16
 
@@ -104,8 +105,20 @@ class RecordLayout:
             hdr[1] = 1
             dense[idx] = vals
 
+    def check(self, hdr: np.ndarray, idx: np.ndarray) -> None:
+        """Raise :class:`~hpccomm.errors.PacketError` unless a record's header
+        and indices are ones :meth:`fill` and the merge can write."""
+        flag, count = int(hdr[1]), int(hdr[0])
+        if flag not in (0, 1) or (flag and not self.dense_capable) or \
+                (not flag and not 0 <= count <= self.cap):
+            raise PacketError(f"sparse_op: a record with header [{count}, {flag}] (capacity "
+                              f"{self.cap}, dense {'allowed' if self.dense_capable else 'not allowed'})")
+        if not flag:
+            check_indices(idx[:count], 0, self.n, "sparse_op: record")
+
     def part(self, rec: np.ndarray) -> Part:
         hdr, idx, vals, dense = self.views(rec)
+        self.check(hdr, idx)
         if hdr[1]:
             return Part(0, self.n, self.idt, dense=dense)
         count = int(hdr[0])
@@ -128,6 +141,8 @@ class RecordLayout:
                     a, b = a.copy(), b.copy()
                 ha, ia, va, da = self.views(a)
                 hb, ib, vb, db = self.views(b)
+                self.check(ha, ia)
+                self.check(hb, ib)
                 K.record_merge(ha, ia, va, da, hb, ib, vb, db, self.cap)
                 if not aligned:
                     b_all[off:off + size] = b

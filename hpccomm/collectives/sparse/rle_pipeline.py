@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from ...errors import PacketError
 from ...kernels import merge as K
 from ..base import register_algorithm
 from .base import SparseAlgorithm, index_dtype
@@ -88,10 +89,14 @@ class _Receiver:
     def _post(self, b):
         return self.net.irecv(self.bufs[b % self.window], self.source, self.tag)
 
-    def get(self, b) -> np.ndarray:
-        """Block ``b``'s message as uint32 words (a copy), reposting its buffer."""
+    def get(self, b, m) -> np.ndarray:
+        """Block ``b``'s message (of ``m`` values) as uint32 words (a copy),
+        checked (:func:`~hpccomm.kernels.merge.rle_valid`), reposting its buffer."""
         slot = b % self.window
-        words = self.reqs[slot].wait().view(np.uint32).copy()
+        got = self.reqs[slot].wait()
+        if got.size % 4 or not K.rle_valid(words := got.view(np.uint32).copy(), m):
+            raise PacketError(f"rle_pipeline: block {b} from rank {self.source} "
+                              f"({got.size} bytes) is not a run-length block of {m} values")
         if b + self.window < self.count:
             self.reqs[slot] = self._post(b + self.window)
         return words
@@ -136,7 +141,7 @@ class RlePipeline(SparseAlgorithm):
             with call.time("encode"):
                 words = encode_block(idx[cuts[b]:cuts[b + 1]], vals[cuts[b]:cuts[b + 1]], lo, m)
             if up is not None:
-                theirs = up.get(b)
+                theirs = up.get(b, m)
                 with call.time("decode"):
                     words = merge_blocks(words, theirs, m)
             if parent is not None:
@@ -151,7 +156,7 @@ class RlePipeline(SparseAlgorithm):
         probe = np.zeros(1, index_dtype(n))
         for b in range(nblocks):
             lo, m = starts[b], starts[b + 1] - starts[b]
-            words = final[b] if down is None else down.get(b)
+            words = final[b] if down is None else down.get(b, m)
             if child is not None:
                 isend(words, child, TAG_BCAST)
             dense_blocks += int(words[0] == K.RLE_DENSE)
