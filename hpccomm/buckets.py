@@ -156,7 +156,8 @@ class BucketRunner:
         self.delivered = True
         self.reducer = reducer
         self.dense_reducer = dense_reducer or Allreducer(reducer.parent, codec="none",
-                                                         algorithm="mpi", op=reducer.op)
+                                                         algorithm="mpi", op=reducer.op,
+                                                         on_error=reducer.on_error)
         if self.dense_reducer.op != reducer.op:
             raise ValueError("reducer and dense_reducer must use the same op")
         self.shapes = {k: tuple(int(d) for d in v) for k, v in shapes.items()}

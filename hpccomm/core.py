@@ -17,6 +17,7 @@ from .collectives.on_device import DEVICE_ALGORITHMS, DevicePath, why_not_on_dev
 from .collectives.transport import INT_MAX, Transport, dense_allreduce
 from .communicators import private_comm, ranks_on_node
 from .errors import ConsistencyError, nonfinite_input
+from .failstop import check_on_error, stranded
 from .kernels import threads
 from .layout import check_layout
 from .kernels.nonfinite import count_nonfinite
@@ -65,6 +66,13 @@ class Allreducer:
         raised on every rank.  ``"first"``: only on the first call of each key
         (later local errors are raised on that rank only -- run under
         ``python -m mpi4py`` so that aborts all ranks).  ``"never"``.
+    on_error:
+        What an exception raised on some ranks *inside* a call (after its
+        agreement: a corrupted packet, a codec or kernel that raises on one
+        rank) does, where the other ranks would wait forever:
+        ``"abort"`` (default) prints it with the rank and calls
+        ``MPI_Abort``, ending the job; ``"raise"`` raises it on that rank
+        only (see :mod:`hpccomm.failstop`).
     gpu_aware:
         ``"auto"`` (ask the MPI library), ``"on"``, ``"off"``: whether device
         pointers may be passed to MPI; otherwise device data is staged through
@@ -82,7 +90,8 @@ class Allreducer:
 
     def __init__(self, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
                  algorithm: Optional[str] = None, op: str = "sum", error_feedback: Any = None,
-                 check: str = "always", gpu_aware: Any = "auto", seed: int = 0, fused: bool = True,
+                 check: str = "always", on_error: str = "abort", gpu_aware: Any = "auto",
+                 seed: int = 0, fused: bool = True,
                  codec_options: Optional[dict] = None, algorithm_options: Optional[dict] = None,
                  **options):
         self.parent = MPI.COMM_WORLD if comm is None else comm
@@ -103,22 +112,24 @@ class Allreducer:
         self.codec: Optional[Codec] = None
         self.algorithm: Optional[Algorithm] = None
         self.op, self.check, self.seed = op, check, int(seed)
+        self.on_error = on_error
         self.fused = bool(fused)
         self._description: Optional[str] = None
         #: the error a bad configuration raises, or None.  Construction errors
         #: are not raised here: the first call (which is collective) raises
         #: them on every rank alike.
         _, self.config_error = check_local(self._configure, codec, algorithm, op, error_feedback,
-                                          check, gpu_aware, codec_options, algorithm_options,
-                                          options)
+                                          check, on_error, gpu_aware, codec_options,
+                                          algorithm_options, options)
 
     # ------------------------------------------------------------------ setup
-    def _configure(self, codec, algorithm, op, error_feedback, check, gpu_aware, codec_options,
-                   algorithm_options, options):
+    def _configure(self, codec, algorithm, op, error_feedback, check, on_error, gpu_aware,
+                   codec_options, algorithm_options, options):
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
+        check_on_error(on_error)
         if algorithm is None:
             algorithm = default_algorithm(codec)
         alg_cls = get_algorithm_class(algorithm)
@@ -358,11 +369,16 @@ class Allreducer:
                             key=key,
                             fused=self.fused, finite=self._scans_input(buf, defers), agree=deferred,
                             where=buf.where)
-        if buf.on_device:
-            result = self._reduce_device(buf, obuf, state, ctx)
-        else:
-            result = self._reduce_host(buf, obuf, buf.host, state, ctx)
-            result = buf.wrap(result) if obuf is None else obuf.obj
+        try:
+            if buf.on_device:
+                result = self._reduce_device(buf, obuf, state, ctx)
+            else:
+                result = self._reduce_host(buf, obuf, buf.host, state, ctx)
+                result = buf.wrap(result) if obuf is None else obuf.obj
+        except Exception as exc:
+            stranded(exc, self._comm, self.on_error,
+                     lambda: self._call_text(buf.size, key, state.step))
+            raise
         state.step += 1
         call.t_total = time.perf_counter() - t0
         self.stats.record(call)
@@ -445,13 +461,22 @@ class Allreducer:
         if lean.desc is not None:
             agree(self.comm, lean.desc)
         call = CallStats(key=lean.key, n=x.size, nbytes=x.nbytes, extra=dict(lean.extra))
-        dense_allreduce(self._comm, send, res, call)
+        try:
+            dense_allreduce(self._comm, send, res, call)
+        except Exception as exc:
+            stranded(exc, self._comm, self.on_error,
+                     lambda: self._call_text(x.size, lean.key, lean.state.step))
+            raise
         if self.op == "mean":
             np.divide(res, res.dtype.type(self.size), out=res)
         lean.state.step += 1
         call.t_total = time.perf_counter() - t0
         self.stats.record(call)
         return res
+
+    def _call_text(self, n: int, key: Optional[str], step: int) -> str:
+        """The call an error message names."""
+        return f"allreduce of {n} elements, key {key!r}, step {step}, {self.describe()}"
 
     def _finish_mean(self, arr: np.ndarray) -> None:
         if self.op == "mean" and self.size > 1:
@@ -551,10 +576,11 @@ def allreduce(x: Any, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
 
     Stateless: no error feedback is kept between calls (use
     :class:`Allreducer` with a ``key`` for that).  Options go to the codec or
-    the algorithm by name; ``check``, ``gpu_aware`` and ``seed`` as for
-    :class:`Allreducer`.
+    the algorithm by name; ``check``, ``on_error``, ``gpu_aware`` and ``seed``
+    as for :class:`Allreducer`.
     """
-    reducer_kw = {k: options.pop(k) for k in ("check", "gpu_aware", "seed") if k in options}
+    reducer_kw = {k: options.pop(k) for k in ("check", "on_error", "gpu_aware", "seed")
+                  if k in options}
     stateful = "error_feedback" in options
     options.pop("error_feedback", None)
     reducer = Allreducer(comm, codec=codec, algorithm=algorithm, op=op, error_feedback=False,

@@ -40,6 +40,7 @@ from .state import KeyState
 from .kernels import merge as K
 from .options import resolve_options
 from .stats import CallStats
+from .failstop import check_on_error, stranded
 from .validation import agree, check_local
 
 RESULTS = ("dense", "sparse")
@@ -178,7 +179,7 @@ def _check_range(idx: np.ndarray, n: int) -> None:
 def sparse_allreduce(sv: Union[SparseVector, tuple], comm: Optional[MPI.Comm] = None, *,
                      algorithm: str = "sparse_split", result: str = "dense",
                      out: Optional[np.ndarray] = None, state: Optional[KeyState] = None,
-                     stats: Optional[CallStats] = None,
+                     stats: Optional[CallStats] = None, on_error: str = "abort",
                      **options) -> Union[np.ndarray, SparseVector]:
     """Sum sparse vectors over the ranks of ``comm`` (collective).
 
@@ -208,6 +209,10 @@ def sparse_allreduce(sv: Union[SparseVector, tuple], comm: Optional[MPI.Comm] = 
     stats:
         A :class:`~hpccomm.stats.CallStats` to add this call's figures to
         (bytes, time split, ``extra`` such as ``went_dense``).
+    on_error:
+        An exception raised on some ranks inside the call: ``"abort"`` ends
+        the job (``MPI_Abort``), ``"raise"`` raises it on those ranks only
+        (see :mod:`hpccomm.failstop`).
     **options:
         Algorithm options (e.g. ``degrees=(4, 2)`` for ``kylix``).
 
@@ -217,7 +222,7 @@ def sparse_allreduce(sv: Union[SparseVector, tuple], comm: Optional[MPI.Comm] = 
     if not isinstance(parent, MPI.Intracomm):
         raise TypeError(f"comm must be an mpi4py Intracomm, not {type(comm).__name__}")
     prepared, err = check_local(_prepare, parent, sv, algorithm, result, out, state, stats,
-                                options)
+                                on_error, options)
     desc = "<error>"
     if err is None:
         vec, alg = prepared
@@ -228,16 +233,20 @@ def sparse_allreduce(sv: Union[SparseVector, tuple], comm: Optional[MPI.Comm] = 
     call.n = vec.n
     call.nbytes = 4 * vec.n
     state = state if state is not None else KeyState()
-    if result == "dense":
-        if out is None:
-            out = np.empty(vec.n, dtype=np.float32)
-        alg.reduce_sparse(vec.indices, vec.values, vec.n, state, net, out)
-        return out
-    idx, vals = alg.reduce_sparse(vec.indices, vec.values, vec.n, state, net, None)
+    try:
+        if result == "dense":
+            if out is None:
+                out = np.empty(vec.n, dtype=np.float32)
+            alg.reduce_sparse(vec.indices, vec.values, vec.n, state, net, out)
+            return out
+        idx, vals = alg.reduce_sparse(vec.indices, vec.values, vec.n, state, net, None)
+    except Exception as exc:
+        stranded(exc, net.comm, on_error, lambda: f"sparse_allreduce of {vec.n} elements, {desc}")
+        raise
     return SparseVector._trusted(idx.astype(index_dtype(vec.n), copy=False), vals, vec.n)
 
 
-def _prepare(parent, sv, algorithm, result, out, state, stats, options):
+def _prepare(parent, sv, algorithm, result, out, state, stats, on_error, options):
     if isinstance(sv, SparseVector):
         sv.validate()
         vec = sv
@@ -248,6 +257,7 @@ def _prepare(parent, sv, algorithm, result, out, state, stats, options):
                         f"tuple, not {type(sv).__name__}")
     if result not in RESULTS:
         raise ValueError(f"result must be one of {RESULTS}, not {result!r}")
+    check_on_error(on_error)
     if out is not None:
         if result != "dense":
             raise ValueError("out is only for result='dense'")

@@ -45,7 +45,8 @@ class DDPHookState:
         self.reducer = Allreducer(comm, codec=codec, algorithm=algorithm, op="mean",
                                   **reducer_options)
         self.dense = Allreducer(comm, codec="none", algorithm="mpi", op="mean",
-                                gpu_aware=reducer_options.get("gpu_aware", "auto"))
+                                gpu_aware=reducer_options.get("gpu_aware", "auto"),
+                                on_error=reducer_options.get("on_error", "abort"))
         self.min_compress = int(min_compress)
 
     def __repr__(self) -> str:

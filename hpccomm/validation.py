@@ -53,10 +53,26 @@ def description_hash(text: str) -> int:
 def _rebuild(name: str, message: str) -> BaseException:
     cls = _REBUILDABLE.get(name)
     if cls is None:
-        return RemoteError(f"{name}: {message}")
-    if cls is KeyError:
-        return KeyError(message)
-    return cls(message)
+        exc = RemoteError(f"{name}: {message}")
+    elif cls is KeyError:
+        exc = KeyError(message)
+    else:
+        exc = cls(message)
+    return everywhere(exc)
+
+
+def everywhere(exc: BaseException) -> BaseException:
+    """``exc``, marked as raised on every rank alike: for an algorithm that
+    decided collectively to raise it (e.g. after an allgather of local
+    errors)."""
+    exc.hpccomm_everywhere = True
+    return exc
+
+
+def raised_everywhere(exc: BaseException) -> bool:
+    """Whether ``exc`` was raised on every rank alike: by :func:`agree`, or
+    marked by :func:`everywhere`."""
+    return getattr(exc, "hpccomm_everywhere", False)
 
 
 def agree(comm: MPI.Comm, description: str, error: Optional[BaseException] = None) -> None:
@@ -87,7 +103,7 @@ def agree(comm: MPI.Comm, description: str, error: Optional[BaseException] = Non
         raise exc
     if flags[1] != -flags[2]:
         descriptions = comm.allgather(description)
-        raise ConsistencyError(explain_mismatch(descriptions))
+        raise everywhere(ConsistencyError(explain_mismatch(descriptions)))
 
 
 def explain_mismatch(descriptions) -> str:

@@ -55,6 +55,7 @@ from mpi4py import MPI
 
 from ..communicators import comm_cache
 from ..state import KeyState
+from ..validation import everywhere
 from .base import Algorithm, ReduceContext, chunk_bounds, get_algorithm_class, register_algorithm
 from .transport import Transport
 
@@ -79,8 +80,8 @@ class _Layout:
         shm.Free()
         if not shared:
             local.Free()
-            raise ValueError("hierarchical: the ranks of a node must share memory "
-                             "(nodes= groups ranks of different hosts)")
+            raise everywhere(ValueError("hierarchical: the ranks of a node must share memory "
+                                        "(nodes= groups ranks of different hosts)"))
         order = sorted(set(firsts))
         self.nodes = len(order)                            #: nodes found
         self.node = order.index(firsts[rank])             #: this rank's node index
@@ -117,8 +118,8 @@ class _Layout:
             errs = [e for e in comm.allgather(err) if e is not None]
             if errs:
                 self._capacity = 0
-                raise MemoryError(f"hierarchical: no shared memory for {n} elements "
-                                  f"per rank on a node: {errs[0]}")
+                raise everywhere(MemoryError(f"hierarchical: no shared memory for {n} "
+                                             f"elements per rank on a node: {errs[0]}"))
             if block is not None:     # the views keep the mapping alive
                 whole = np.frombuffer(block, dtype=np.float32)
                 self._segments = [whole[j * 2 * n:(j + 1) * 2 * n] for j in range(self.L)]
