@@ -163,7 +163,20 @@ def progress_thread() -> ProgressThread:
             # calls still running at exit would meet MPI_Finalize (registered
             # earlier by mpi4py, so run later): finish them first
             atexit.register(_thread.drain)
+            _drain_at_finalize(_thread)
         return _thread
+
+
+def _drain_at_finalize(thread: ProgressThread) -> None:
+    """Have ``MPI_Finalize`` wait for the started calls, also when the
+    program calls it itself (``MPI.Finalize()``): its first act is to delete
+    ``MPI_COMM_SELF``'s attributes, and this one's delete callback drains
+    the thread, while MPI still works.  (Finalizing under a collective of
+    the progress thread freed MPI's memory twice: glibc's ``double free``.)"""
+    from mpi4py import MPI
+
+    keyval = MPI.Comm.Create_keyval(delete_fn=lambda comm, key, value: thread.drain())
+    MPI.COMM_SELF.Set_attr(keyval, True)
 
 
 def pending() -> int:
