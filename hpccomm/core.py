@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections import OrderedDict
 from typing import Any, Dict, Optional
 
 import numpy as np
@@ -73,6 +74,15 @@ class Allreducer:
         ``"abort"`` (default) prints it with the rank and calls
         ``MPI_Abort``, ending the job; ``"raise"`` raises it on that rank
         only (see :mod:`hpccomm.failstop`).
+    max_keys:
+        Keep the state (residuals, step count, caches) of at most this many
+        keys: the first call of a new key beyond it forgets the key called
+        least recently -- the same key on every rank, since every rank makes
+        the same calls in the same order.  A forgotten key that comes back
+        starts afresh, as after :meth:`reset`.  ``None`` (default): keep
+        every key until ``reset(key)``; a code whose keys come and go
+        (dynamic shapes, a growing model) sets a bound or resets the keys it
+        retires.
     gpu_aware:
         ``"auto"`` (ask the MPI library), ``"on"``, ``"off"``: whether device
         pointers may be passed to MPI; otherwise device data is staged through
@@ -90,7 +100,8 @@ class Allreducer:
 
     def __init__(self, comm: Optional[MPI.Comm] = None, *, codec: Any = "none",
                  algorithm: Optional[str] = None, op: str = "sum", error_feedback: Any = None,
-                 check: str = "always", on_error: str = "abort", gpu_aware: Any = "auto",
+                 check: str = "always", on_error: str = "abort",
+                 max_keys: Optional[int] = None, gpu_aware: Any = "auto",
                  seed: int = 0, fused: bool = True,
                  codec_options: Optional[dict] = None, algorithm_options: Optional[dict] = None,
                  **options):
@@ -100,7 +111,9 @@ class Allreducer:
         self.rank = self.parent.Get_rank()
         self.size = self.parent.Get_size()
         self.stats = Stats()
-        self._states: Dict[str, KeyState] = {}
+        #: per key, its state, the key called least recently first
+        self._states: "OrderedDict[str, KeyState]" = OrderedDict()
+        self.max_keys = max_keys
         #: per key, the last call's signature when that call was one plain
         #: MPI_Allreduce of a host array (see :meth:`_lean_call`)
         self._lean: Dict[str, _Lean] = {}
@@ -119,17 +132,20 @@ class Allreducer:
         #: are not raised here: the first call (which is collective) raises
         #: them on every rank alike.
         _, self.config_error = check_local(self._configure, codec, algorithm, op, error_feedback,
-                                          check, on_error, gpu_aware, codec_options,
+                                          check, on_error, max_keys, gpu_aware, codec_options,
                                           algorithm_options, options)
 
     # ------------------------------------------------------------------ setup
-    def _configure(self, codec, algorithm, op, error_feedback, check, on_error, gpu_aware,
-                   codec_options, algorithm_options, options):
+    def _configure(self, codec, algorithm, op, error_feedback, check, on_error, max_keys,
+                   gpu_aware, codec_options, algorithm_options, options):
         if op not in OPS:
             raise ValueError(f"op must be one of {OPS}, not {op!r}")
         if check not in CHECKS:
             raise ValueError(f"check must be one of {CHECKS}, not {check!r}")
         check_on_error(on_error)
+        if max_keys is not None and (isinstance(max_keys, bool) or not isinstance(max_keys, int)
+                                     or max_keys < 1):
+            raise ValueError(f"max_keys must be a positive int or None, not {max_keys!r}")
         if algorithm is None:
             algorithm = default_algorithm(codec)
         alg_cls = get_algorithm_class(algorithm)
@@ -180,7 +196,7 @@ class Allreducer:
         requests.drain()
         states, err = check_local(self._loaded_states, state)
         agree(self.comm, "load_state_dict", err)
-        self._states = states
+        self._states = OrderedDict(states)
         self._lean.clear()
 
     def _loaded_states(self, state: dict) -> Dict[str, KeyState]:
@@ -360,7 +376,7 @@ class Allreducer:
         if state is None:
             state = KeyState(n=buf.size)
             if key is not None:
-                self._states[key] = state
+                self._keep(key, state)
         elif state.n is None:        # loaded from a state_dict that did not record it
             state.n = buf.size
         call = CallStats(key=key or "", n=buf.size)
@@ -382,9 +398,25 @@ class Allreducer:
         state.step += 1
         call.t_total = time.perf_counter() - t0
         self.stats.record(call)
-        if key is not None and type(x) is np.ndarray:
-            self._remember_lean(key, x, buf, state, call, desc if self.check == "always" else None)
+        if key is not None:
+            self._states.move_to_end(key)
+            if type(x) is np.ndarray:
+                self._remember_lean(key, x, buf, state, call,
+                                    desc if self.check == "always" else None)
         return result
+
+    def _keep(self, key: str, state: KeyState) -> None:
+        """Add ``key``'s state, forgetting the key called least recently
+        when ``max_keys`` are kept already."""
+        if self.max_keys is not None:
+            while len(self._states) >= self.max_keys:
+                old, _ = self._states.popitem(last=False)
+                self._lean.pop(old, None)
+        self._states[key] = state
+
+    def keys(self) -> list:
+        """The keys whose state this reducer keeps, the least recently called first."""
+        return list(self._states)
 
     # ------------------------------------------------------------------ non-blocking
     def start(self, x: Any, key: Optional[str] = None, *, out: Any = None,
@@ -470,6 +502,7 @@ class Allreducer:
         if self.op == "mean":
             np.divide(res, res.dtype.type(self.size), out=res)
         lean.state.step += 1
+        self._states.move_to_end(lean.key)
         call.t_total = time.perf_counter() - t0
         self.stats.record(call)
         return res

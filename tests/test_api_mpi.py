@@ -7,7 +7,7 @@ import hpccomm
 from hpccomm.buffers import bf16_bits_to_f32, f32_to_bf16_bits
 from hpccomm.buffers.host_device import HostDeviceArray, HostDeviceBackend
 
-from .helpers import (COMM, RANK, SIZE, exact_sum,
+from .helpers import (COMM, RANK, SIZE, exact_sum, raise_everywhere,
                       rank_data, same_on_all_ranks)
 
 pytestmark = pytest.mark.mpi
@@ -116,6 +116,38 @@ def test_allreducer_state_stats_and_keys():
     assert r2.state_dict()["keys"]["layer1.weight"]["step"] == 2
     r2.reset()
     assert r2.state_dict()["keys"] == {}
+
+
+@pytest.mark.parametrize("codec", ["onebit", "none"])
+def test_max_keys_forgets_the_key_called_least_recently(codec):
+    """A bound of two keys: a, b, a, then c forgets b (not a, called since);
+    b's next call starts afresh, bit for bit as a new reducer's first call;
+    the lean path (codec none) counts as a use too."""
+    r = hpccomm.Allreducer(codec=codec, max_keys=2)
+    data = {k: [rank_data(300, seed=10 * i + s) for s in range(3)]
+            for i, k in enumerate("abc")}
+    r(data["a"][0], key="a")
+    r(data["b"][0], key="b")
+    r(data["a"][1], key="a")
+    r(data["c"][0], key="c")
+    kept = r.keys()
+    steps = {k: v["step"] for k, v in r.state_dict()["keys"].items()}
+    again = r(data["b"][1], key="b")        # back, as new: forgets a (c is more recent)
+    fresh = hpccomm.Allreducer(codec=codec)(data["b"][1], key="b")
+    after = r.keys()
+    same = same_on_all_ranks(np.array([ord(k) for k in kept + after]))
+    assert kept == ["a", "c"] and steps == {"a": 2, "c": 1}
+    assert after == ["c", "b"]
+    np.testing.assert_array_equal(again, fresh)
+    assert same
+
+
+def test_max_keys_must_be_a_positive_int_on_every_rank():
+    bad = 0 if RANK == SIZE - 1 else 4
+    r = hpccomm.Allreducer(codec="onebit", max_keys=bad)
+    (name, message), agreed = raise_everywhere(lambda: r(rank_data(8), key="k"))
+    assert agreed and name == "ValueError"
+    assert message == f"rank {SIZE - 1}: max_keys must be a positive int or None, not 0"
 
 
 def test_check_first_skips_agreement_after_first_call():

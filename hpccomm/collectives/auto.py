@@ -45,6 +45,9 @@ CHOICES = ("dense", "twoshot", "allgather")
 #: two are close the model's error (measured: ~15 % on shared memory) decides,
 #: and dense is the safe side (lossless, no residual to carry)
 MARGIN = 0.10
+#: decisions remembered, by (length, shape); forgotten all at once beyond it (a
+#: decision is recomputed from the model alike on every rank)
+DECISIONS_KEPT = 4096
 
 log = logging.getLogger("hpccomm.auto")
 if "auto" in os.environ.get("HPCCOMM_LOG", "").split(","):
@@ -133,6 +136,8 @@ class Auto(Algorithm):
             times = self.predict(n, shape)
             scored = {c: t if c == "dense" else t / (1 - MARGIN) for c, t in times.items()}
             cached = min(scored, key=lambda c: (scored[c], CHOICES.index(c)))
+            if len(self._decided) >= DECISIONS_KEPT:     # sizes that come and go
+                self._decided.clear()
             self._decided[(n, shape)] = cached
             log.debug("rank %d: n=%d P=%d codec=%s -> %s (%s; profile: %s)", self.rank, n,
                       self.size, self.codec.name, cached,
