@@ -11,6 +11,8 @@ from typing import Any, Dict, Optional
 
 from mpi4py import MPI
 
+from . import handles
+
 _KEYVAL: Optional[int] = None
 
 
@@ -20,6 +22,7 @@ def _release_cache(comm: MPI.Comm, keyval: int, cache: Dict[Any, Any]) -> None:
         if isinstance(value, MPI.Comm):
             if value != MPI.COMM_NULL:
                 value.Free()
+                handles.freed("comm")
         else:
             value.release()
     cache.clear()
@@ -49,6 +52,7 @@ def private_comm(comm: MPI.Comm) -> MPI.Comm:
     dup = cache.get("private")
     if dup is None:
         dup = cache["private"] = comm.Dup()
+        handles.made("comm")
         dup.Set_name(f"hpccomm:{comm.Get_name()}")
     return dup
 

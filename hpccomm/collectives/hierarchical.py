@@ -53,6 +53,7 @@ from typing import Dict, List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from .. import handles
 from ..communicators import comm_cache
 from ..state import KeyState
 from ..validation import everywhere
@@ -96,6 +97,7 @@ class _Layout:
             sub = comm.Split(0 if s in self.owned else MPI.UNDEFINED, key=self.node)
             if sub != MPI.COMM_NULL:
                 self.cross[s] = sub
+        handles.made("comm", 1 + len(self.cross))     # local and cross: kept until release()
         self._segments: List[np.ndarray] = []
         self._capacity = 0
         self._calls = 0
@@ -137,6 +139,7 @@ class _Layout:
         self._segments, self._capacity = [], 0
         for c in [self.local, *self.cross.values()]:
             c.Free()
+        handles.freed("comm", 1 + len(self.cross))
         self.cross = {}
 
     def fence(self) -> None:

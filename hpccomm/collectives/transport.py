@@ -66,6 +66,7 @@ from typing import Callable, List, Optional, Sequence
 import numpy as np
 from mpi4py import MPI
 
+from .. import handles
 from ..stats import CallStats
 
 INT_MAX = 2 ** 31 - 1
@@ -185,12 +186,14 @@ class Request:
                  cleanup: Callable[[], None] = lambda: None):
         self._call = call
         self._requests = requests
+        handles.made("request", len(requests))
         self._finish = finish
         self._cleanup = cleanup
         self._result = None
         self.done = False
 
     def _complete(self) -> None:
+        handles.freed("request", len(self._requests))
         try:
             self._result = self._finish()
         finally:
@@ -231,11 +234,13 @@ class _Types:
                                            [blk, MPI.BYTE]).Commit()
         blk.Free()
         self._made.append(dtype)
+        handles.made("datatype")
         return dtype
 
     def free(self) -> None:
         for dtype in self._made:
             dtype.Free()
+        handles.freed("datatype", len(self._made))
         self._made.clear()
 
 
@@ -625,9 +630,11 @@ class Transport:
         result = np.empty_like(record)
         if nbytes <= self.count_limit:
             rtype = MPI.BYTE.Create_contiguous(nbytes).Commit()
-        else:  # blocks + remainder, relative to the record's start
+            handles.made("datatype")
+        else:  # blocks + remainder, relative to the record's start (counted by at())
             rtype = _Types(self.block).at(0, nbytes)
         op = MPI.Op.Create(merge, commute=True)
+        handles.made("op")
         try:
             with self.call.time("comm"):
                 self.comm.Reduce([record, 1, rtype], [result, 1, rtype], op=op, root=root)
@@ -635,6 +642,8 @@ class Transport:
         finally:
             op.Free()
             rtype.Free()
+            handles.freed("op")
+            handles.freed("datatype")
         vrank = (self.rank - root) % self.size
         edges = binomial_children(vrank, self.size) + (vrank != 0)
         self._model(edges * nbytes, edges * nbytes)
