@@ -587,3 +587,29 @@ def test_summary_says_where_compression_paid():
                          "auto sent dense at 1KiB")
     # 1.03x is within the noise: not paid
     assert lines[-1] == "#   topk       did not pay here: at best 1.03x MPI_Allreduce (twoshot, 1KiB)"
+
+
+@pytest.mark.parametrize("bound", ["bounded", "unbounded"])
+def test_a_short_soak_holds_nothing_more_at_the_end(tmp_path, bound):
+    """6,000 calls of the soak's mix at P = 3, a new transient key every 10
+    calls of a reducer: at every sample hpccomm holds its one private
+    communicator and no datatype, operation or request, the files and
+    threads stay as they were, and the keys kept never pass the bound (six
+    reducers of at most 4 + 4 keys) -- which the run without max_keys or
+    reset(key) passes, as it must."""
+    out = tmp_path / "soak.json"
+    extra = ["--unbounded"] if bound == "unbounded" else []
+    proc = bench(3, "soak", "--calls", "6000", "--sample", "500", "--transient-every", "10",
+                 "-J", str(out), *extra)
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(out.read_text())
+    for samples in data["samples"]:
+        first = samples[0]
+        for s in samples:
+            assert (s["comms"], s["datatypes"], s["ops"], s["requests"]) == (1, 0, 0, 0), s
+            assert (s["fds"], s["threads"]) == (first["fds"], first["threads"]), s
+        most = max(s["keys"] for s in samples)
+        if bound == "bounded":
+            assert most <= 48 and samples[-1]["rss_mib"] < 1.05 * first["rss_mib"], samples
+        else:
+            assert most > 100 and "soak: GROWS" in proc.stdout, samples

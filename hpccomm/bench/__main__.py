@@ -14,6 +14,7 @@ Commands
     calibrate   measure MPI patterns and codec kernels for algorithm="auto" (under mpiexec)
     model       predicted step time / throughput of real networks for 2-512 ranks per codec
     overlap     step time of a PyTorch MLP with and without reducing during backward (under mpiexec)
+    soak        10^5 calls of a mix of reducers and keys: memory, MPI objects and key state over time
 """
 import argparse
 import os
@@ -40,6 +41,8 @@ COMMANDS = {
                                      "ranks, per codec and link rate"),
     "overlap": ("hpccomm.bench.overlap", "step time with and without overlapping the reduction "
                                          "with backward (under mpiexec/srun)"),
+    "soak": ("hpccomm.bench.soak", "10^5 calls over a mix of keys, codecs and algorithms: "
+                                   "memory, MPI objects and key state over time (under mpiexec)"),
     "report": ("hpccomm.bench.report", "markdown table of allreduce JSON with the model's floor"),
     "sparse": ("hpccomm.bench.sparse_allreduce", "sparse allreduce algorithms vs MPI_Allreduce by input "
                                        "density (under mpiexec/srun)"),
