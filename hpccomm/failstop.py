@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import traceback
 from typing import Callable
 
@@ -64,10 +65,14 @@ def stranded(exc: BaseException, comm: MPI.Comm, on_error: str,
 
 
 def abort(comm: MPI.Comm, exc: BaseException, call: str) -> None:
-    """Print ``exc`` (with its traceback) and the call, then ``MPI_Abort``."""
+    """Print ``exc`` (with its traceback), the rank, the thread unless it is
+    the main one (the progress thread of ``start()``) and the call, then
+    ``MPI_Abort``."""
     rank, size = comm.Get_rank(), comm.Get_size()
+    thread = threading.current_thread()
+    where = "" if thread is threading.main_thread() else f" (thread {thread.name})"
     text = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
-    text += (f"hpccomm: rank {rank} of {size}: {type(exc).__name__} inside a collective "
+    text += (f"hpccomm: rank {rank} of {size}{where}: {type(exc).__name__} inside a collective "
              f"({call}): {exc}\n"
              f"hpccomm: the other ranks cannot finish this call: MPI_Abort(comm, "
              f"{ABORT_CODE}) ends the job (on_error='abort'; see docs/guide/errors.md)\n")

@@ -2,6 +2,7 @@
 the fault tests launch (``tests/test_faults.py``)::
 
     mpiexec -n P python tests/faults.py error ALGORITHM WHERE KIND [--device] [--raise] [--step S]
+                                                                   [--started]
     mpiexec -n 3 python tests/faults.py kill started|thread
     mpiexec -n 3 python tests/faults.py stall SECONDS
     mpiexec -n 3 python tests/faults.py finalize atexit|explicit
@@ -21,7 +22,8 @@ call forever.  ``--device``: the input is a device array of the host-memory
 backend with device kernels (under ``NUMBA_ENABLE_CUDASIM=1``: the device
 twin's kernels run in numba's simulator).  ``--raise``: ``on_error="raise"``.
 ``--step S``: hit call ``S + 1`` instead (``first`` only for ``S = 0``):
-kylix routes on its first call, exchanging indices.
+kylix routes on its first call, exchanging indices.  ``--started``: every
+call is ``start(...).wait()`` (the error is met on the progress thread).
 
 ``kill``, ``stall``, ``finalize``: see :func:`kill_job`, :func:`stall_job`,
 :func:`finalize_job`.
@@ -139,7 +141,7 @@ CASES = {
 }
 
 
-def error_job(algorithm, where, kind, device, on_error="abort", step_hit=2):
+def error_job(algorithm, where, kind, device, on_error="abort", step_hit=2, started=False):
     from mpi4py import MPI
 
     import hpccomm
@@ -172,7 +174,10 @@ def error_job(algorithm, where, kind, device, on_error="abort", step_hit=2):
             INJECTOR.arm(1 if where == "first" else
                          packets[-1] if kind == "corrupt" else counts[-1], kind)
         try:
-            reducer(x, key="w")
+            if started:
+                reducer.start(x, key="w").wait()
+            else:
+                reducer(x, key="w")
             outcome = "returned"
         except Exception as exc:  # noqa: BLE001 -- reported, then the program goes on
             outcome = f"raised {type(exc).__name__}: {exc}"
@@ -276,7 +281,7 @@ def main(argv):
     if argv[0] == "error":
         step = int(argv[argv.index("--step") + 1]) if "--step" in argv else 2
         error_job(argv[1], argv[2], argv[3], "--device" in argv,
-                  "raise" if "--raise" in argv else "abort", step)
+                  "raise" if "--raise" in argv else "abort", step, "--started" in argv)
     elif argv[0] == "kill":
         kill_job(argv[1])
     elif argv[0] == "stall":

@@ -2,13 +2,13 @@
 """Run hpccomm's whole test suite: plain pytest (on every core, pytest-xdist
 with work stealing; then the tests marked ``alone``, daemons and network
 namespaces, by themselves), then the MPI tests under ``mpiexec -n K`` for
-K = 1, 2, 3, 5 (and the tests marked ``wide``, the sparse algorithms, at 4, 6,
-7 and 8 ranks too; the tests
+K = 1, 2, 3, 5 (and the tests marked ``wide``, the sparse algorithms, at 4, 6
+and 8 ranks too; the tests
 marked ``cudasim`` at 1 and 3 ranks under numba's CUDA simulator, and those
 also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond
 2 GiB) once, at 2 ranks.
 
-    python tests/run.py [--ranks 1,2,3,5] [--wide-ranks 4,6,7,8] [--slow-ranks 2]
+    python tests/run.py [--ranks 1,2,3,5] [--wide-ranks 4,6,8] [--slow-ranks 2]
                         [--workers auto] [--timeout 900] [-- pytest args]
 
 Every mpiexec is wrapped in a timeout, and each test has its own
@@ -81,8 +81,8 @@ def main():
                                                                "1,3,5"),
                     help="rank counts of the device-path tests under numba's CUDA simulator "
                          "(beyond 4 ranks only those also marked 'wide')")
-    ap.add_argument("--wide-ranks", default=os.environ.get("HPCCOMM_TEST_WIDE_RANKS", "4,6,7,8"),
-                    help="rank counts for the tests marked 'wide' (default 4,6,7,8: the sparse "
+    ap.add_argument("--wide-ranks", default=os.environ.get("HPCCOMM_TEST_WIDE_RANKS", "4,6,8"),
+                    help="rank counts for the tests marked 'wide' (default 4,6,8: the sparse "
                          "algorithms at powers of two and between them)")
     ap.add_argument("--slow-ranks", default=os.environ.get("HPCCOMM_TEST_SLOW_RANKS", "2"),
                     help="rank counts for the tests marked 'slow' (default 2; empty: skip them)")

@@ -591,7 +591,7 @@ def test_summary_says_where_compression_paid():
 
 @pytest.mark.parametrize("bound", ["bounded", "unbounded"])
 def test_a_short_soak_holds_nothing_more_at_the_end(tmp_path, bound):
-    """6,000 calls of the soak's mix at P = 3, a new transient key every 10
+    """3,000 calls of the soak's mix at P = 3, a new transient key every 5
     calls of a reducer: at every sample hpccomm holds its one private
     communicator and no datatype, operation or request, the files and
     threads stay as they were, and the keys kept never pass the bound (six
@@ -599,7 +599,7 @@ def test_a_short_soak_holds_nothing_more_at_the_end(tmp_path, bound):
     reset(key) passes, as it must."""
     out = tmp_path / "soak.json"
     extra = ["--unbounded"] if bound == "unbounded" else []
-    proc = bench(3, "soak", "--calls", "6000", "--sample", "500", "--transient-every", "10",
+    proc = bench(3, "soak", "--calls", "3000", "--sample", "300", "--transient-every", "5",
                  "-J", str(out), *extra)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(out.read_text())
