@@ -107,3 +107,20 @@ def test_train_command_records_meprop_and_refuses_a_bad_k_on_every_rank(tmp_path
     for bad, match in [("513", "512"), ("-2", "positive")]:
         with pytest.raises(SystemExit, match=match):
             main([*small, "--meprop", bad])
+
+
+def test_cnn_with_onebit_adam_compresses_after_the_freeze():
+    """``--optimizer onebit_adam``: the optimizer reduces by itself (exact Adam
+    for 2 steps, then the momentum in one bit); the ranks agree, fewer bytes
+    go out than with Adam on the dense gradient, and the weights differ from
+    a run that never freezes within its 12 steps (a small learning rate: a
+    2-step warm-up leaves v too noisy for more)."""
+    args = ("--recipe", "same", "--optimizer", "onebit_adam", "--lr", "3e-5")
+    ob = _run("cnn", "onebit", *args, "--freeze-step", "2")
+    dense = _run("cnn", "onebit", *args, "--freeze-step", "100")
+    assert ob["weights_identical"] and dense["weights_identical"]
+    assert ob["diverged_at_step"] is None and ob["steps"] == dense["steps"] == 12
+    assert ob["codec"].startswith("onebit_adam(onebit") and "freeze_step=2" in ob["codec"]
+    if SIZE > 1:
+        assert ob["digest"] != dense["digest"]
+        assert ob["bytes_sent_per_rank"] < dense["bytes_sent_per_rank"]

@@ -133,7 +133,10 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
     params = dict(net.named_parameters())
     names = list(params)
     reducer, dgc, compressed, ddp = None, None, [], None
-    if args.runner == "ddp":
+    onebit_adam = args.optimizer == "onebit_adam"
+    if onebit_adam:      # the optimizer reduces: dense gradients, then compressed momenta
+        forward = net
+    elif args.runner == "ddp":
         from torch.nn.parallel import DistributedDataParallel
 
         init_gloo(comm)
@@ -188,6 +191,12 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
                   {"params": [params[n] for n in compressed if dgc is not None], "momentum": 0.0}]
         opt = torch.optim.SGD([g for g in groups if g["params"]], lr=args.lr,
                               weight_decay=args.weight_decay)
+    elif onebit_adam:
+        from hpccomm.optim import OneBitAdam
+
+        opt = OneBitAdam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                         freeze_step=args.freeze_step, comm=comm, codec=codec,
+                         codec_options=dict(args.options), seed=seed)
     else:
         opt = torch.optim.Adam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     loss_fn = torch.nn.functional.cross_entropy
@@ -273,6 +282,12 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
         result["buckets"] = reducer.plan()
         result["codec"] = reducer.reducer.codec.describe()
         result["error_feedback"] = reducer.reducer.memory.enabled
+    elif onebit_adam:
+        sent = opt.dense.stats.bytes_sent + opt.compressed.stats.bytes_sent
+        result["bytes_sent_per_rank"] = comm.allreduce(sent, op=MPI.MAX)
+        result["codec"] = f"onebit_adam({opt.compressed.codec.describe()}, " \
+                          f"freeze_step={opt.freeze_step})"
+        result["error_feedback"] = True
     else:
         result["codec"] = f"ddp-{args.ddp_hook}"
         result["error_feedback"] = args.ddp_hook == "powersgd"

@@ -301,6 +301,13 @@ def build_parser():
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (for one rank when scaled; default: the model's fp32 "
                         "rate, or under --recipe paper the validation-chosen one)")
+    p.add_argument("--optimizer", choices=("sgd", "adam", "onebit_adam"), default=None,
+                   help="the model's own by default (sgd for mlp and cnn, adam for charlm); "
+                        "onebit_adam: hpccomm.optim.OneBitAdam, exact Adam for --freeze-step "
+                        "steps, then the momentum reduced through the codec (torch models)")
+    p.add_argument("--freeze-step", type=int, default=100,
+                   help="--optimizer onebit_adam: steps of exact Adam before the variance "
+                        "is frozen")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=None)
     p.add_argument("--lr-scaling", action=argparse.BooleanOptionalAction, default=None,
@@ -385,6 +392,12 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
     if args.runner == "ddp" and args.model == "mlp":
         raise SystemExit("--runner ddp needs a torch model (--model cnn or charlm)")
+    if args.optimizer == "onebit_adam" and (args.model == "mlp" or args.runner == "ddp"
+                                            or args.staleness or args.probe_every):
+        raise SystemExit("--optimizer onebit_adam runs a torch model (--model cnn or charlm) "
+                         "with --runner hpccomm, without --staleness or --probe-every")
+    if args.freeze_step < 1:
+        raise SystemExit("--freeze-step must be >= 1")
     if args.staleness < 0:
         raise SystemExit("--staleness must be >= 0")
     if args.staleness and (args.runner == "ddp" or args.probe_every):
