@@ -86,11 +86,15 @@ class OneBitAdam(torch.optim.Optimizer if torch is not None else object):
         The momentum's codec (default ``"onebit"``), any of hpccomm's; its
         options go in ``codec_options``.  Reduced through ``twoshot`` with
         worker and owner error feedback.
+    error_feedback:
+        ``False`` drops both residuals: not 1-bit Adam, the ablation that
+        shows what they do (a negative control).
     """
 
     def __init__(self, params, lr: float = 1e-3, betas=(0.9, 0.999), eps: float = 1e-8,
                  weight_decay: float = 0.0, freeze_step: int = 100, comm=None,
-                 codec: Any = "onebit", codec_options: Optional[dict] = None, seed: int = 0):
+                 codec: Any = "onebit", codec_options: Optional[dict] = None, seed: int = 0,
+                 error_feedback: bool = True):
         if torch is None:     # pragma: no cover
             raise ImportError("hpccomm.optim needs torch")
         if not 0.0 <= lr:
@@ -104,7 +108,7 @@ class OneBitAdam(torch.optim.Optimizer if torch is not None else object):
         self.freeze_step = freeze_step
         self.dense = Allreducer(comm, codec="none", algorithm="mpi", op="mean")
         self.compressed = Allreducer(comm, codec=codec, algorithm="twoshot", op="mean",
-                                     error_feedback=True, seed=seed,
+                                     error_feedback=bool(error_feedback), seed=seed,
                                      codec_options=dict(codec_options or {}))
         #: steps taken (the same on every rank)
         self.steps = 0

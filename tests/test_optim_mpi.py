@@ -40,14 +40,14 @@ def gradient(rank, step, index, x):
 
 
 def run(steps, freeze, codec="onebit", start=None, stop=None, weight_decay=0.0,
-        cls=OneBitAdam, memory=None):
+        cls=OneBitAdam, memory=None, error_feedback=True):
     """This rank's OneBitAdam (or ``cls``) for steps ``[start or 0, stop or
     steps)``; ``start``: continue from ``(weights, state_dict)``; ``memory``:
     the compressed reducer's. Returns (weights, state)."""
     params = [torch.nn.Parameter(torch.from_numpy(w.copy())) for w in
               (start[0] if start else initial_weights())]
     opt = cls(params, lr=LR, betas=BETAS, eps=EPS, freeze_step=freeze, comm=COMM,
-              codec=codec, weight_decay=weight_decay)
+              codec=codec, weight_decay=weight_decay, error_feedback=error_feedback)
     if memory is not None:
         opt.compressed.memory = memory
     if start:
@@ -59,14 +59,14 @@ def run(steps, freeze, codec="onebit", start=None, stop=None, weight_decay=0.0,
     return [p.detach().numpy().copy() for p in params], opt.state_dict()
 
 
-def reference(P, steps, freeze, codec="onebit", weight_decay=0.0):
+def reference(P, steps, freeze, codec="onebit", weight_decay=0.0, error_feedback=True):
     """The paper's Algorithm 1 on ``P`` simulated ranks (weights are the same on all)."""
     xs = [torch.from_numpy(w.copy()) for w in initial_weights()]
     beta1, beta2 = BETAS
     m = [[torch.zeros_like(x) for x in xs] for _ in range(P)]     # per rank
     v = [torch.zeros_like(x) for x in xs]
     pipes = [Pipeline(hpccomm.codecs.get_codec(codec), "twoshot", P, shape=tuple(x.shape),
-                      error_feedback=True) for x in xs]           # a key per tensor
+                      error_feedback=error_feedback) for x in xs]     # a key per tensor
     for t in range(steps):
         gs = [[torch.from_numpy(gradient(r, t, i, x.numpy())) for i, x in enumerate(xs)]
               for r in range(P)]
@@ -113,6 +113,15 @@ def test_onebit_adam_matches_the_paper_bit_for_bit(codec, freeze):
     for g, w in zip(_bits(got), _bits(want)):
         np.testing.assert_array_equal(g, w)
     assert same
+
+
+def test_without_error_feedback_matches_the_reference_without_residuals():
+    """``error_feedback=False`` (the negative control) is the same algorithm
+    with both residuals dropped, bit for bit."""
+    got, _ = run(6, 2, error_feedback=False)
+    want = reference(SIZE, 6, 2, error_feedback=False)
+    for g, w in zip(_bits(got), _bits(want)):
+        np.testing.assert_array_equal(g, w)
 
 
 def test_onebit_adam_with_weight_decay_matches_the_paper():

@@ -196,7 +196,8 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
 
         opt = OneBitAdam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                          freeze_step=args.freeze_step, comm=comm, codec=codec,
-                         codec_options=dict(args.options), seed=seed)
+                         codec_options=dict(args.options), seed=seed,
+                         error_feedback=args.ef is not False)
     else:
         opt = torch.optim.Adam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     loss_fn = torch.nn.functional.cross_entropy
@@ -249,7 +250,11 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
             t_backward += time.perf_counter() - tb
             # with --staleness the first S steps deliver no gradient: nothing to apply
             if reducer is None or reducer.delivered:
-                opt.step()
+                try:
+                    opt.step()
+                except NonFiniteError:     # OneBitAdam's reductions: on every rank alike
+                    diverged_at = step
+                    break
             losses.append(loss.item())
             step += 1
         if diverged_at is not None:
@@ -287,7 +292,7 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
         result["bytes_sent_per_rank"] = comm.allreduce(sent, op=MPI.MAX)
         result["codec"] = f"onebit_adam({opt.compressed.codec.describe()}, " \
                           f"freeze_step={opt.freeze_step})"
-        result["error_feedback"] = True
+        result["error_feedback"] = opt.compressed.memory.enabled
     else:
         result["codec"] = f"ddp-{args.ddp_hook}"
         result["error_feedback"] = args.ddp_hook == "powersgd"
