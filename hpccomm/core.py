@@ -418,6 +418,12 @@ class Allreducer:
         """The keys whose state this reducer keeps, the least recently called first."""
         return list(self._states)
 
+    def state_nbytes(self) -> int:
+        """Bytes of the residuals and spare buffers kept for all keys (host
+        and device memory alike): what the keys' state holds between calls."""
+        return sum(getattr(a, "nbytes", 0) for state in self._states.values()
+                   for a in (*state.residuals.values(), *state.spares.values()))
+
     # ------------------------------------------------------------------ non-blocking
     def start(self, x: Any, key: Optional[str] = None, *, out: Any = None,
               layout: Any = None) -> Request:

@@ -137,9 +137,15 @@ def test_max_keys_forgets_the_key_called_least_recently(codec):
     after = r.keys()
     same = same_on_all_ranks(np.array([ord(k) for k in kept + after]))
     assert kept == ["a", "c"] and steps == {"a": 2, "c": 1}
+    if codec == "onebit":      # residuals (and spares) of 300 float32 per key kept
+        residuals = sum(v["residuals"]["worker"].nbytes
+                        for v in r.state_dict()["keys"].values())
+        assert r.state_nbytes() >= residuals == 2 * 300 * 4
     assert after == ["c", "b"]
     np.testing.assert_array_equal(again, fresh)
     assert same
+    r.reset()
+    assert r.state_nbytes() == 0 and r.keys() == []
 
 
 def test_max_keys_must_be_a_positive_int_on_every_rank():

@@ -89,15 +89,6 @@ def open_fds() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def state_bytes(reducer) -> int:
-    """Bytes of the residuals and spares a reducer keeps for its keys."""
-    total = 0
-    for state in reducer._states.values():
-        for arr in (*state.residuals.values(), *state.spares.values()):
-            total += getattr(arr, "nbytes", 0)
-    return total
-
-
 class Soak:
     """The schedule and its reducers on one rank (every rank draws the same)."""
 
@@ -167,7 +158,7 @@ class Soak:
                 "rss_mib": rss_bytes() / 2 ** 20,
                 **{f"{k}s": v for k, v in live.items()},
                 "keys": sum(len(e["reducer"].keys()) for e in self.reducers),
-                "state_mib": sum(state_bytes(e["reducer"]) for e in self.reducers) / 2 ** 20,
+                "state_mib": sum(e["reducer"].state_nbytes() for e in self.reducers) / 2 ** 20,
                 "fds": open_fds(), "threads": threading.active_count()}
 
 
