@@ -79,15 +79,13 @@ BETA = 1.0 / 1.25e9    #: modelled seconds per byte
 CACHE_KEY = "kylix"
 
 
-def _indices(payload: np.ndarray, idt: np.dtype, lo: int, hi: int) -> np.ndarray:
-    """Indices received from another rank, checked: whole ``idt`` items,
-    strictly increasing inside ``[lo, hi)``."""
+def _indices(payload: np.ndarray, idt: np.dtype) -> np.ndarray:
+    """The indices in a message from another rank (whole ``idt`` items, else
+    a PacketError); the caller checks their order and range."""
     if payload.size % idt.itemsize:
         raise PacketError(f"kylix: an index message of {payload.size} bytes is not whole "
                           f"{idt.itemsize}-byte indices")
-    idx = payload.view(idt)
-    check_indices(idx, lo, hi, "kylix: index message")
-    return idx
+    return payload.view(idt)
 
 
 def _divisors(P: int) -> List[int]:
@@ -252,8 +250,9 @@ class Kylix(SparseAlgorithm):
             bounds = [lo + (hi - lo) * j // k for j in range(k + 1)]
             cuts = np.searchsorted(current, np.asarray(bounds, dtype=np.int64))
             parts = [current[cuts[j]:cuts[j + 1]].view(np.uint8) for j in range(k)]
-            got = [_indices(g, idt, bounds[pos], bounds[pos + 1])
-                   for g in self._exchange_parts(net, parts, members, pos)]
+            got = [_indices(g, idt) for g in self._exchange_parts(net, parts, members, pos)]
+            for g in got:
+                check_indices(g, bounds[pos], bounds[pos + 1], "kylix: index message")
             with call.time("encode"):
                 union, maps = union_with_maps(got)
             layers.append(_Layer(members, pos, cuts, maps, union.size))
@@ -262,7 +261,7 @@ class Kylix(SparseAlgorithm):
         for layer in reversed(layers):
             k = len(layer.members)
             got = self._exchange_parts(net, [current.view(np.uint8)] * k, layer.members, layer.pos)
-            pieces = [_indices(g, idt, 0, n) for g in got]
+            pieces = [_indices(g, idt) for g in got]     # checked once, joined, below
             layer.up_sizes = [p.size for p in pieces]
             current = np.concatenate(pieces)
         check_indices(current, 0, n, "kylix: the gathered index set")
