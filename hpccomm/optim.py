@@ -53,8 +53,8 @@ near-zero ``v*`` and takes ``m / eps``-sized steps once its gradient grows --
 the paper's warm-up is 15-25 % of the run.  Every rank
 must hold the same parameters (shapes and order) and call :meth:`step` the
 same number of times.  :meth:`state_dict` holds, besides torch's per
-parameter state (``exp_avg``, ``exp_avg_sq`` -- frozen after ``T_w`` -- and
-``step``), the reducers' residuals; a run resumed from it equals the
+parameter state (``exp_avg``, ``exp_avg_sq`` -- frozen after ``T_w``), the
+step count and the reducers' residuals; a run resumed from it equals the
 uninterrupted run, bit for bit.  Every rank saves and loads its own (the
 residuals differ between ranks).
 """
@@ -112,6 +112,9 @@ class OneBitAdam(torch.optim.Optimizer if torch is not None else object):
                                      codec_options=dict(codec_options or {}))
         #: steps taken (the same on every rank)
         self.steps = 0
+        #: per parameter, ``((eps, betas), sqrt(v*) + eps)`` once v is frozen
+        #: (derived from the state)
+        self._denominators: Dict[Any, Any] = {}
 
     @property
     def frozen(self) -> bool:
@@ -139,11 +142,9 @@ class OneBitAdam(torch.optim.Optimizer if torch is not None else object):
             for p, g in zip(params, grads):
                 state = self.state[p]
                 if not state:
-                    state["step"] = 0
                     state["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
                     state["exp_avg_sq"] = torch.zeros_like(p,
                                                            memory_format=torch.preserve_format)
-                state["step"] += 1
                 self._moments(state, g, beta1, beta2, compress)
             if compress:              # 3. the local momenta, averaged through the codec
                 for j, p in enumerate(params):
@@ -153,15 +154,27 @@ class OneBitAdam(torch.optim.Optimizer if torch is not None else object):
             t = self.steps + 1
             for p in params:
                 state = self.state[p]
-                if compress:          # v frozen at step T_w, bias-corrected (2.)
-                    v_hat = state["exp_avg_sq"] / (1 - beta2 ** self.freeze_step)
-                    m_hat = state["exp_avg"]
+                if compress:          # v frozen at step T_w (2.): its denominator too
+                    m_hat, denom = state["exp_avg"], self._frozen_denominator(p, group)
                 else:
                     v_hat = state["exp_avg_sq"] / (1 - beta2 ** t)
                     m_hat = state["exp_avg"] / (1 - beta1 ** t)
-                p.addcdiv_(m_hat, v_hat.sqrt_().add_(group["eps"]), value=-group["lr"])
+                    denom = v_hat.sqrt_().add_(group["eps"])
+                p.addcdiv_(m_hat, denom, value=-group["lr"])
         self.steps += 1
         return loss
+
+    def _frozen_denominator(self, p, group):
+        """``sqrt(v*) + eps`` of ``p``, with ``v*`` the variance frozen at step
+        ``T_w``, bias-corrected: made on the first compressed step (again
+        after a load, or when the group's ``eps`` or ``betas`` change) and
+        kept, since v no longer changes."""
+        made = self._denominators.get(p)
+        if made is None or made[0] != (group["eps"], group["betas"]):
+            v_star = self.state[p]["exp_avg_sq"] / (1 - group["betas"][1] ** self.freeze_step)
+            made = self._denominators[p] = ((group["eps"], group["betas"]),
+                                            v_star.sqrt_().add_(group["eps"]))
+        return made[1]
 
     @staticmethod
     def _moments(state, g, beta1: float, beta2: float, frozen: bool) -> None:
@@ -197,6 +210,7 @@ class OneBitAdam(torch.optim.Optimizer if torch is not None else object):
             raise ValueError(f"state_dict was saved with freeze_step={extra['freeze_step']}, "
                              f"this optimizer has {self.freeze_step}")
         super().load_state_dict(state_dict)
+        self._denominators.clear()
         self.compressed.load_state_dict(extra["compressed"])
         self.steps = int(extra["steps"])
 
