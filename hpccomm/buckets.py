@@ -116,7 +116,7 @@ def plan_buckets(shapes: Mapping[str, Sequence[int]], *, bucket_bytes: int = 25 
     return buckets
 
 
-def _wait_all(requests: Sequence[Request]) -> None:
+def wait_all(requests: Sequence[Request]) -> None:
     """Wait for every request, then raise the first error (raised on every
     rank alike), so that no request of a step is left running."""
     error = None
@@ -212,7 +212,7 @@ class BucketRunner:
             self.delivered = False
             return None
         slot, oldest = self._in_flight.popleft()
-        _wait_all(oldest)
+        wait_all(oldest)
         self.delivered = True
         return slot
 
@@ -222,7 +222,7 @@ class BucketRunner:
         never applied); returns how many steps that was."""
         n = len(self._in_flight)
         while self._in_flight:
-            _wait_all(self._in_flight.popleft()[1])
+            wait_all(self._in_flight.popleft()[1])
         return n
 
     def _slot_arrays(self, slot: int) -> List[np.ndarray]:

@@ -54,16 +54,28 @@ steps nothing is delivered (``.grad`` is zero, ``reducer.delivered`` False)::
 
 Hold no reference to a ``.grad`` across steps: with ``staleness`` it is a
 different tensor every step.
+
+An optimizer that reduces something other than the gradient (the momentum of
+:class:`hpccomm.optim.OneBitAdam`, the accumulated update of
+:class:`~hpccomm.optim.ZeroOneAdam`) takes the buckets over with
+:meth:`GradReducer.reduce_with`: it is handed each bucket's gradient storage
+when the bucket is complete -- during backward with ``overlap=True`` -- and
+starts whatever reduction it wants, or none, so that its communication has
+the same buckets and the same overlap.
 """
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Optional, Tuple, Union
+from typing import Callable, Iterable, Optional, Tuple, Union
 
 import numpy as np
 
-from .buckets import BucketRunner
+from .buckets import BucketRunner, wait_all
 from .core import Allreducer
+from .requests import Request
+
+#: ``start(index, flat)``: what reduces bucket ``index`` (see :meth:`GradReducer.reduce_with`)
+BucketStart = Callable[[int, "torch.Tensor"], Optional[Request]]  # noqa: F821
 
 
 def _named_parameters(params) -> list:
@@ -112,6 +124,8 @@ class GradReducer(BucketRunner):
                          bucket_bytes=bucket_bytes, min_compress=min_compress, dense=dense,
                          compress_1d=compress_1d, prefix="torch", staleness=staleness)
         self._param = dict(self.named)
+        #: what reduces a complete bucket (None: its gradients, in place)
+        self._start: Optional[BucketStart] = None
         #: per slot (one without staleness), the buckets' flat storage and per
         #: parameter its view of its bucket; and per parameter its bucket's index
         self._slots = []
@@ -179,7 +193,25 @@ class GradReducer(BucketRunner):
         while (len(self._requests) < len(self._order)
                and self._waiting[self._order[len(self._requests)]] == 0):
             i = self._order[len(self._requests)]
-            self._requests.append(self.start_bucket(i, self._flat[i]))
+            self._requests.append(self._start_bucket(i))
+
+    def reduce_with(self, start: Optional[BucketStart]) -> None:
+        """From the next bucket on, ``start(index, flat)`` is what reduces a
+        complete bucket instead of the in-place reduction of its gradients:
+        it gets bucket ``index``'s flat gradient storage once every gradient
+        in it is final (with ``overlap=True``, during backward; in the fixed
+        order of the module docstring) and returns a
+        :class:`~hpccomm.requests.Request` that :meth:`finish` waits for, or
+        None.  ``reduce_with(None)`` restores the gradients' reduction.  Set
+        it between steps, the same on every rank; not with ``staleness``."""
+        if start is not None and self.staleness:
+            raise ValueError("reduce_with() does not combine with staleness")
+        self._start = start
+
+    def _start_bucket(self, index: int) -> Optional[Request]:
+        if self._start is not None:
+            return self._start(index, self._flat[index])
+        return self.start_bucket(index, self._flat[index])
 
     @property
     def started(self) -> int:
@@ -196,14 +228,13 @@ class GradReducer(BucketRunner):
             for name in self.buckets[i].names:
                 if name not in self._seen:
                     self._settle(name)
-            self._requests.append(self.start_bucket(i, self._flat[i]))
+            self._requests.append(self._start_bucket(i))
         copies = self._copies
         try:
             if self.staleness:
                 self._deliver(self._requests)
             else:
-                for req in self._requests:
-                    req.wait()
+                wait_all([req for req in self._requests if req is not None])
         finally:
             self._new_step()
         return copies
@@ -225,6 +256,14 @@ class GradReducer(BucketRunner):
             for b in self.buckets:
                 ensure_views(b, None)
             self._deliver([self.start_bucket(i, flat) for i, flat in enumerate(self._flat)])
+        elif self._start is not None:
+            requests = []
+            try:
+                for i, b in enumerate(self.buckets):
+                    ensure_views(b, None)
+                    requests.append(self._start_bucket(i))
+            finally:          # nothing left running, whatever raised
+                wait_all([req for req in requests if req is not None])
         else:
             self.run(self._flat, ensure_views)
         return copies
