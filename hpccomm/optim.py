@@ -180,8 +180,9 @@ class _ReducedAdam(_Optimizer):
         self.compressed = Allreducer(comm, codec=codec, algorithm="twoshot", op="mean",
                                      error_feedback=bool(error_feedback), seed=seed,
                                      codec_options=dict(codec_options or {}))
-        #: steps taken (the same on every rank)
+        #: steps taken (the same on every rank), and how many of each kind
         self.steps = 0
+        self.rounds = {EXACT: 0, COMPRESSED: 0, LOCAL: 0}
         #: per bucket of the GradReducer: (parameter, group index, offset) of its tensors
         self._members: List[list] = []
         #: buckets whose payload this step has started
@@ -255,6 +256,7 @@ class _ReducedAdam(_Optimizer):
             else:
                 self._local(index, group, params, t)
         self.steps += 1
+        self.rounds[mode] += 1
         self._stepped(mode, t)
         self._plan_buckets()
         return loss
@@ -327,7 +329,7 @@ class _ReducedAdam(_Optimizer):
     def state_dict(self) -> Dict[str, Any]:
         sd = super().state_dict()
         sd["hpccomm"] = dict(self._extra_state(), compressed=self.compressed.state_dict(),
-                             dense=self.dense.state_dict())
+                             dense=self.dense.state_dict(), rounds=dict(self.rounds))
         return sd
 
     def load_state_dict(self, state_dict: Dict[str, Any]) -> None:
@@ -339,6 +341,7 @@ class _ReducedAdam(_Optimizer):
         if "dense" in extra:
             self.dense.load_state_dict(extra["dense"])
         self._load_extra_state(extra)
+        self.rounds.update(extra.get("rounds", {}))
         self._plan_buckets()
 
     def _check_extra_state(self, extra: Dict[str, Any]) -> None:
@@ -485,7 +488,9 @@ class ZeroOneAdam(_ReducedAdam):
         #: T_u after the freeze: the synchronizations counted from step
         #: var_freeze_step - 1, and the step of the next
         self.syncs, self.next_sync = 0, self.var_freeze_step
-        #: per group, the sum of the step sizes since the last synchronization
+        #: local steps since the last synchronization, and per group the sum
+        #: of the step sizes since then
+        self.pending = 0
         self._lr_sums: List[float] = []
         #: per parameter, ``((eps, beta2, var_updates), sqrt(v-hat) + eps)``
         self._denominators: Dict[Any, Any] = {}
@@ -544,7 +549,10 @@ class ZeroOneAdam(_ReducedAdam):
 
     def _synced(self, index, group, params, means, t):
         """2. A 1-bit sync: the same momentum and weights on every rank."""
-        lr_sum = self._lr_sums[index] + self._gamma(group, t)
+        self._apply(index, group, params, means, self._lr_sums[index] + self._gamma(group, t))
+
+    def _apply(self, index, group, params, means, lr_sum: float) -> None:
+        """``u-bar`` = ``means`` averaged over ``lr_sum``'s steps: applied from ``x_{t'}``."""
         for p, u_bar in zip(params, means):
             state = self.state[p]
             torch.div(u_bar, lr_sum, out=state["exp_avg"])
@@ -563,6 +571,39 @@ class ZeroOneAdam(_ReducedAdam):
                        value=-gamma)
         self._lr_sums[index] += gamma
 
+    @_no_grad
+    def synchronize(self) -> bool:
+        """End the local steps now (collective): the updates the ranks
+        accumulated since the last synchronization, averaged *exactly* (one
+        dense allreduce per group), are applied from ``x_{t'}`` as a
+        synchronization applies them, so that every rank holds the same
+        weights and momentum.  For the end of training, or an evaluation or
+        checkpoint that must be the same on every rank; the schedules are not
+        moved.  Returns False when there was nothing to do (no local step
+        since the last synchronization)."""
+        if not self.pending:
+            return False
+        for index, group in enumerate(self.param_groups):
+            params = [p for p in group["params"] if "update" in self.state[p]]
+            if params:
+                means = _split(self._mean([self.state[p]["update"] for p in params],
+                                          f"synchronize{index}"), params)
+                self._apply(index, group, params, means, self._lr_sums[index])
+        self._anchor()
+        self.pending = 0
+        return True
+
+    def _anchor(self) -> None:
+        """``x_{t'}`` = the weights now, for the local steps to come."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state[p]
+                if "exp_avg" in state:
+                    if "anchor" in state:
+                        state["anchor"].copy_(p)
+                    else:
+                        state["anchor"] = p.detach().clone()
+
     def _stepped(self, mode, t):
         if mode == EXACT:
             self.var_updates += 1
@@ -572,19 +613,14 @@ class ZeroOneAdam(_ReducedAdam):
                 self.next_sync = t + min(2 ** (self.syncs // self.local_step_scaler),
                                          self.local_step_clipper)
             self.syncs += 1
-            for group in self.param_groups:   # x_{t'} for the local steps to come
-                for p in group["params"]:
-                    state = self.state[p]
-                    if "exp_avg" in state:
-                        if "anchor" in state:
-                            state["anchor"].copy_(p)
-                        else:
-                            state["anchor"] = p.detach().clone()
+            self._anchor()
+        self.pending = self.pending + 1 if mode == LOCAL else 0
 
     def _extra_state(self):
         return {"steps": self.steps, "var_updates": self.var_updates,
                 "next_var_step": self.next_var_step, "syncs": self.syncs,
-                "next_sync": self.next_sync, "lr_sums": list(self._lr_sums),
+                "next_sync": self.next_sync, "pending": self.pending,
+                "lr_sums": list(self._lr_sums),
                 "policy": self._policy()}
 
     def _policy(self):
@@ -599,7 +635,7 @@ class ZeroOneAdam(_ReducedAdam):
                              f"this optimizer has {self._policy()}")
 
     def _load_extra_state(self, extra):
-        for name in ("steps", "var_updates", "next_var_step", "syncs", "next_sync"):
+        for name in ("steps", "var_updates", "next_var_step", "syncs", "next_sync", "pending"):
             setattr(self, name, int(extra[name]))
         self._lr_sums = [float(s) for s in extra["lr_sums"]]
         self._denominators.clear()

@@ -394,6 +394,27 @@ def test_zero_one_adam_with_weight_decay_in_local_steps():
             np.testing.assert_array_equal(g, w)
 
 
+def test_synchronize_ends_the_local_steps_everywhere_alike():
+    """Stopped after local steps, the ranks' weights differ; synchronize()
+    makes them the same bits everywhere, and a second call does nothing."""
+    params = [torch.nn.Parameter(torch.from_numpy(w)) for w in initial_weights()]
+    opt = ZeroOneAdam(params, lr=LR, comm=COMM, var_freeze_step=5, **ZERO_ONE)
+    for t in range(14):           # 12-13 are local steps
+        for i, p in enumerate(params):
+            p.grad = torch.from_numpy(gradient(RANK, t, i, p.detach().numpy()))
+        opt.step()
+    flat = lambda: np.concatenate([p.detach().numpy().reshape(-1) for p in params])  # noqa
+    assert opt.pending == 2
+    assert same_on_all_ranks(flat()) == (SIZE == 1)
+    assert opt.synchronize()
+    assert same_on_all_ranks(flat())
+    assert same_on_all_ranks(np.concatenate([opt.state[p]["exp_avg"].numpy().reshape(-1)
+                                             for p in params]))
+    before = flat()
+    assert not opt.synchronize()
+    np.testing.assert_array_equal(flat(), before)
+
+
 class EveryStepVariance(ZeroOneAdam):
     """v updated on every step before the freeze (no T_v policy)."""
 

@@ -124,3 +124,17 @@ def test_cnn_with_onebit_adam_compresses_after_the_freeze():
     if SIZE > 1:
         assert ob["digest"] != dense["digest"]
         assert ob["bytes_sent_per_rank"] < dense["bytes_sent_per_rank"]
+
+
+def test_cnn_with_zero_one_adam_skips_rounds_and_ends_the_same_everywhere():
+    """``--optimizer zero_one_adam``: exact steps on the variance schedule,
+    compressed ones, then local steps from ``--freeze-step`` on (gaps 1, 1,
+    2, 2, 4 with scaler 2 and clipper 4); the run's last step is local, and
+    the harness's closing ``synchronize()`` leaves every rank the same bits."""
+    zo = _run("cnn", "onebit", "--recipe", "same", "--optimizer", "zero_one_adam",
+              "--lr", "3e-5", "--freeze-step", "4", "--var-update-scaler", "2",
+              "--local-step-scaler", "2", "--local-step-clipper", "4")
+    assert zo["weights_identical"] and zo["diverged_at_step"] is None and zo["steps"] == 12
+    assert zo["codec"].startswith("zero_one_adam(onebit") and "alpha=2, clip=4" in zo["codec"]
+    # T_v = {0, 1, 2}; T_u after the freeze: 4, 5, 7, 9, 13: local 6, 8, 10, 11
+    assert zo["rounds"] == {"exact": 3, "compressed": 5, "local": 4}

@@ -133,8 +133,15 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
     params = dict(net.named_parameters())
     names = list(params)
     reducer, dgc, compressed, ddp = None, None, [], None
-    onebit_adam = args.optimizer == "onebit_adam"
-    if onebit_adam:      # the optimizer reduces: dense gradients, then compressed momenta
+    compressed_adam = args.optimizer in ("onebit_adam", "zero_one_adam")
+    if compressed_adam:
+        # the optimizer reduces, in a plain GradReducer's buckets: the mean
+        # gradient at exact steps, its own compressed payloads at the others;
+        # each compressed tensor in its own bucket (onebit's columns follow its shape)
+        from hpccomm.torch_grads import GradReducer
+
+        reducer = GradReducer(net, comm, codec="none", op="mean", bucket_bytes=0,
+                              min_compress=args.min_compress, overlap=args.overlap)
         forward = net
     elif args.runner == "ddp":
         from torch.nn.parallel import DistributedDataParallel
@@ -191,13 +198,19 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
                   {"params": [params[n] for n in compressed if dgc is not None], "momentum": 0.0}]
         opt = torch.optim.SGD([g for g in groups if g["params"]], lr=args.lr,
                               weight_decay=args.weight_decay)
-    elif onebit_adam:
-        from hpccomm.optim import OneBitAdam
+    elif compressed_adam:
+        from hpccomm import optim
 
-        opt = OneBitAdam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                         freeze_step=args.freeze_step, comm=comm, codec=codec,
-                         codec_options=dict(args.options), seed=seed,
-                         error_feedback=args.ef is not False)
+        common = dict(lr=args.lr, weight_decay=args.weight_decay, comm=comm, codec=codec,
+                      codec_options=dict(args.options), seed=seed,
+                      error_feedback=args.ef is not False, grad_reducer=reducer)
+        if args.optimizer == "onebit_adam":
+            opt = optim.OneBitAdam(net.parameters(), freeze_step=args.freeze_step, **common)
+        else:
+            opt = optim.ZeroOneAdam(net.parameters(), var_freeze_step=args.freeze_step,
+                                    var_update_scaler=args.var_update_scaler,
+                                    local_step_scaler=args.local_step_scaler,
+                                    local_step_clipper=args.local_step_clipper, **common)
     else:
         opt = torch.optim.Adam(net.parameters(), lr=args.lr, weight_decay=args.weight_decay)
     loss_fn = torch.nn.functional.cross_entropy
@@ -259,6 +272,8 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
             step += 1
         if diverged_at is not None:
             break
+        if args.optimizer == "zero_one_adam" and epoch == args.epochs - 1:
+            opt.synchronize()     # the end: the local steps since the last synchronization
         # the clock stops while rank 0 evaluates
         comm.Barrier()
         elapsed += time.perf_counter() - t0
@@ -282,17 +297,21 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
               "t_train": elapsed, "t_backward_reduce": comm.allreduce(t_backward, op=MPI.MAX)}
     if probe.every:
         result["probe"] = probe.summary()
-    if reducer is not None:
+    if compressed_adam:
+        sent = reducer.bytes_sent + opt.dense.stats.bytes_sent + opt.compressed.stats.bytes_sent
+        result["bytes_sent_per_rank"] = comm.allreduce(sent, op=MPI.MAX)
+        result["buckets"] = reducer.plan()
+        policy = (f"freeze_step={opt.freeze_step}" if args.optimizer == "onebit_adam" else
+                  f"var_freeze_step={opt.var_freeze_step}, kappa={opt.var_update_scaler}, "
+                  f"alpha={opt.local_step_scaler}, clip={opt.local_step_clipper}")
+        result["codec"] = f"{args.optimizer}({opt.compressed.codec.describe()}, {policy})"
+        result["error_feedback"] = opt.compressed.memory.enabled
+        result["rounds"] = opt.rounds
+    elif reducer is not None:
         result["bytes_sent_per_rank"] = comm.allreduce(reducer.bytes_sent, op=MPI.MAX)
         result["buckets"] = reducer.plan()
         result["codec"] = reducer.reducer.codec.describe()
         result["error_feedback"] = reducer.reducer.memory.enabled
-    elif onebit_adam:
-        sent = opt.dense.stats.bytes_sent + opt.compressed.stats.bytes_sent
-        result["bytes_sent_per_rank"] = comm.allreduce(sent, op=MPI.MAX)
-        result["codec"] = f"onebit_adam({opt.compressed.codec.describe()}, " \
-                          f"freeze_step={opt.freeze_step})"
-        result["error_feedback"] = opt.compressed.memory.enabled
     else:
         result["codec"] = f"ddp-{args.ddp_hook}"
         result["error_feedback"] = args.ddp_hook == "powersgd"

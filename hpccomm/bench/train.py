@@ -301,13 +301,23 @@ def build_parser():
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (for one rank when scaled; default: the model's fp32 "
                         "rate, or under --recipe paper the validation-chosen one)")
-    p.add_argument("--optimizer", choices=("sgd", "adam", "onebit_adam"), default=None,
+    p.add_argument("--optimizer", choices=("sgd", "adam", "onebit_adam", "zero_one_adam"),
+                   default=None,
                    help="the model's own by default (sgd for mlp and cnn, adam for charlm); "
                         "onebit_adam: hpccomm.optim.OneBitAdam, exact Adam for --freeze-step "
-                        "steps, then the momentum reduced through the codec (torch models)")
+                        "steps, then the momentum reduced through the codec; zero_one_adam: "
+                        "hpccomm.optim.ZeroOneAdam, the variance updated on a doubling "
+                        "schedule until --freeze-step, local steps after (torch models; "
+                        "the codec compresses, in a GradReducer's buckets with --overlap)")
     p.add_argument("--freeze-step", type=int, default=100,
-                   help="--optimizer onebit_adam: steps of exact Adam before the variance "
-                        "is frozen")
+                   help="onebit_adam: steps of exact Adam before the variance is frozen; "
+                        "zero_one_adam: its var_freeze_step")
+    p.add_argument("--var-update-scaler", type=int, default=16,
+                   help="zero_one_adam: variance updates between doublings of their gap")
+    p.add_argument("--local-step-scaler", type=int, default=32,
+                   help="zero_one_adam: synchronizations between doublings of their gap")
+    p.add_argument("--local-step-clipper", type=int, default=4,
+                   help="zero_one_adam: the largest gap between synchronizations, in steps")
     p.add_argument("--momentum", type=float, default=0.9)
     p.add_argument("--weight-decay", type=float, default=None)
     p.add_argument("--lr-scaling", action=argparse.BooleanOptionalAction, default=None,
@@ -392,12 +402,13 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
     if args.runner == "ddp" and args.model == "mlp":
         raise SystemExit("--runner ddp needs a torch model (--model cnn or charlm)")
-    if args.optimizer == "onebit_adam" and (args.model == "mlp" or args.runner == "ddp"
-                                            or args.staleness or args.probe_every):
-        raise SystemExit("--optimizer onebit_adam runs a torch model (--model cnn or charlm) "
+    if args.optimizer in ("onebit_adam", "zero_one_adam") and (
+            args.model == "mlp" or args.runner == "ddp" or args.staleness or args.probe_every):
+        raise SystemExit(f"--optimizer {args.optimizer} runs a torch model (--model cnn or charlm) "
                          "with --runner hpccomm, without --staleness or --probe-every")
-    if args.freeze_step < 1:
-        raise SystemExit("--freeze-step must be >= 1")
+    for name in ("freeze_step", "var_update_scaler", "local_step_scaler", "local_step_clipper"):
+        if getattr(args, name) < 1:
+            raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     if args.staleness < 0:
         raise SystemExit("--staleness must be >= 0")
     if args.staleness and (args.runner == "ddp" or args.probe_every):
