@@ -434,6 +434,8 @@ def main(argv=None) -> int:
         label = (f"ddp-{args.ddp_hook}" if args.runner == "ddp"
                  else codec if args.error_feedback == "auto"
                  else f"{codec}:ef={args.error_feedback}")
+        if args.optimizer in ("onebit_adam", "zero_one_adam"):
+            label = f"{args.optimizer}:{label}"
         if args.staleness:
             label += f":s={args.staleness}"
         for seed in seeds:
