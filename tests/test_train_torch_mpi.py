@@ -138,3 +138,31 @@ def test_cnn_with_zero_one_adam_skips_rounds_and_ends_the_same_everywhere():
     assert zo["codec"].startswith("zero_one_adam(onebit") and "alpha=2, clip=4" in zo["codec"]
     # T_v = {0, 1, 2}; T_u after the freeze: 4, 5, 7, 9, 13: local 6, 8, 10, 11
     assert zo["rounds"] == {"exact": 3, "compressed": 5, "local": 4}
+
+
+def test_dense_warmup_steps_reduce_fp32_first():
+    """``--dense-warmup-steps N``: the first N steps go through MPI_Allreduce.
+    Longer than the run, it is the fp32 run bit for bit; shorter, it is
+    neither fp32 nor the codec from the start."""
+    fp32 = _run("cnn", "none", "--recipe", "same")
+    onebit = _run("cnn", "onebit", "--recipe", "same")
+    all_dense = _run("cnn", "onebit", "--recipe", "same", "--dense-warmup-steps", "100")
+    some = _run("cnn", "onebit", "--recipe", "same", "--dense-warmup-steps", "4")
+    assert all_dense["digest"] == fp32["digest"]
+    assert some["weights_identical"] and some["digest"] not in (fp32["digest"], onebit["digest"])
+    assert some["bytes_sent_per_rank"] > onebit["bytes_sent_per_rank"] or SIZE == 1
+
+
+def test_dgc_local_gradient_clipping_is_applied_and_named():
+    """``--dgc-clip-norm``: a small norm changes the run (the gradients are
+    clipped before DGC accumulates them), the results name it, and the ranks
+    still agree; a norm that is not positive is refused."""
+    from hpccomm.bench.train import main
+
+    plain = _run("cnn", "dgc", "--recipe", "paper")
+    clipped = _run("cnn", "dgc", "--recipe", "paper", "--dgc-clip-norm", "0.01")
+    assert clipped["weights_identical"] and "clip=0.01" in clipped["codec"]
+    assert "clip" not in plain["codec"] and plain["codec"].startswith("dgc(")
+    assert clipped["digest"] != plain["digest"]
+    with pytest.raises(SystemExit, match="clip-norm"):
+        main(["--model", "cnn", "--codec", "dgc", "--dgc-clip-norm", "0"])

@@ -151,3 +151,9 @@ def lr_at(step: int, steps_per_epoch: int, args, nranks: int) -> float:
     if warm and step < warm:
         return args.lr + (target - args.lr) * step / warm
     return target
+
+
+def dgc_described(args) -> str:
+    """DGC's optimizer side, as the results name it."""
+    clip = "" if args.dgc_clip_norm is None else f",clip={args.dgc_clip_norm:g}"
+    return f"dgc(ratio={args.dgc_ratio},warmup={args.dgc_warmup_epochs}{clip})"

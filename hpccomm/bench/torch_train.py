@@ -23,6 +23,7 @@ fails unless all hashes agree.
 """
 from __future__ import annotations
 
+import functools
 import math
 import socket
 import time
@@ -34,7 +35,7 @@ from .datasets import eval_windows, load_dataset, stdlib_corpus, windows
 from .meprop import attach as attach_meprop
 from .models import torch_digest, torch_model
 from .probe import GradientProbe
-from .recipes import dgc_transport, lr_at
+from .recipes import dgc_described, dgc_transport, lr_at
 
 LN2 = math.log(2.0)
 CONTEXT = 64
@@ -117,6 +118,14 @@ def init_gloo(comm) -> None:
                             rank=comm.Get_rank(), world_size=comm.Get_size())
 
 
+def dense_bucket(reducer, index: int, flat):
+    """A GradReducer's bucket ``index`` through its dense reducer (``MPI_Allreduce``),
+    under keys of its own: the codec's state, residuals included, is left as it was."""
+    b = reducer.buckets[index]
+    target = flat.reshape(b.shape)
+    return reducer.dense_reducer.start(target, key=f"warmup/{b.key}", out=target)
+
+
 def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -> dict:
     """One run (see the module docstring); ``args`` carries the resolved
     hyper-parameters and recipe (``train.resolve``)."""
@@ -189,7 +198,7 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
             dgc = DGCMomentum({n: tuple(params[n].shape) for n in compressed},
                               momentum=args.momentum if args.optimizer == "sgd" else 0.0,
                               ratio=args.dgc_ratio, warmup_epochs=args.dgc_warmup_epochs,
-                              nranks=size, seed=seed, rank=rank)
+                              clip_norm=args.dgc_clip_norm, nranks=size, seed=seed, rank=rank)
         forward = net
     if args.optimizer == "sgd":
         # DGC's selected tensors carry its momentum already
@@ -223,10 +232,16 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
     t_backward = 0.0
     comm.Barrier()
     t0 = time.perf_counter()
+    # (DGC has its own warm-up; the compressed Adams, their exact steps)
+    warmup = (args.dense_warmup_steps
+              if reducer is not None and not compressed_adam and dgc is None else 0)
     for epoch in range(args.epochs):
         order = data.epoch_order(seed, epoch)
         losses = []
         for s in range(steps_per_epoch):
+            if warmup and step in (0, warmup):     # --dense-warmup-steps: fp32 at first
+                reducer.reduce_with(functools.partial(dense_bucket, reducer)
+                                    if step < warmup else None)
             lr = lr_at(step, steps_per_epoch, args, size)
             for g in opt.param_groups:
                 g["lr"] = lr
@@ -311,6 +326,8 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
         result["bytes_sent_per_rank"] = comm.allreduce(reducer.bytes_sent, op=MPI.MAX)
         result["buckets"] = reducer.plan()
         result["codec"] = reducer.reducer.codec.describe()
+        if dgc is not None:
+            result["codec"] = f"{dgc_described(args)}+{result['codec']}"
         result["error_feedback"] = reducer.reducer.memory.enabled
     else:
         result["codec"] = f"ddp-{args.ddp_hook}"

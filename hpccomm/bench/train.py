@@ -84,7 +84,7 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
 
         dgc = DGCMomentum({k: shapes[k] for k in compressed}, momentum=args.momentum,
                           ratio=args.dgc_ratio, warmup_epochs=args.dgc_warmup_epochs,
-                          nranks=size, seed=seed, rank=rank)
+                          clip_norm=args.dgc_clip_norm, nranks=size, seed=seed, rank=rank)
     velocity = {k: np.zeros_like(v) for k, v in model.params.items()}
     n_train = len(xtr)
     per_step = args.batch * size
@@ -171,7 +171,7 @@ def train_numpy(comm, data, codec: str, algorithm: str, seed: int, args) -> dict
     comm.Allreduce(stats, worst, op=MPI.MAX)
     described = reducer.codec.describe()
     if args.dgc:
-        described = f"dgc(ratio={args.dgc_ratio},warmup={args.dgc_warmup_epochs})+{described}"
+        described = f"{recipes.dgc_described(args)}+{described}"
     return {"codec": described, "error_feedback": reducer.memory.enabled,
             **({"probe": probe.summary()} if probe.every else {}),
             "history": history,
@@ -324,7 +324,9 @@ def build_parser():
                    help="scale the learning rate linearly with the ranks (Goyal et al.)")
     p.add_argument("--warmup-epochs", type=float, default=None, help="gradual lr warm-up")
     p.add_argument("--dense-warmup-steps", type=int, default=0,
-                   help="--model mlp: steps reduced dense before compression starts")
+                   help="steps reduced dense (fp32 MPI_Allreduce) before compression starts, "
+                        "as PowerSGD's start_iter (not with DGC's own warm-up, the compressed "
+                        "Adams or --staleness)")
     p.add_argument("--fp-last-layer", choices=("auto", "on", "off"), default="auto",
                    help="--recipe same: reduce the last layer dense (auto: on for terngrad)")
     p.add_argument("--dgc-momentum", choices=("auto", "on", "off"), default="auto",
@@ -332,6 +334,9 @@ def build_parser():
                         "(auto: on for dgc)")
     p.add_argument("--dgc-warmup-epochs", type=int, default=4,
                    help="DGC's exponential sparsity warm-up, in epochs (0: none)")
+    p.add_argument("--dgc-clip-norm", type=float, default=None,
+                   help="DGC's local gradient clipping: each rank's gradients scaled to a joint "
+                        "L2 norm of at most this / sqrt(ranks) before accumulating (default: off)")
     p.add_argument("--bucket-bytes", type=int, default=None,
                    help="fusion bucket size (default: 0 for mlp -- each tensor its own -- "
                         "and 25 MiB for the torch models)")
@@ -411,6 +416,13 @@ def main(argv=None) -> int:
             raise SystemExit(f"--{name.replace('_', '-')} must be >= 1")
     if args.staleness < 0:
         raise SystemExit("--staleness must be >= 0")
+    if args.dgc_clip_norm is not None and not args.dgc_clip_norm > 0:
+        raise SystemExit("--dgc-clip-norm must be > 0")
+    if args.dense_warmup_steps and args.model != "mlp" and (
+            args.staleness or args.runner == "ddp"
+            or args.optimizer in ("onebit_adam", "zero_one_adam")):
+        raise SystemExit("--dense-warmup-steps: not with --staleness, --runner ddp or a "
+                         "compressed Adam (its exact steps are its warm-up)")
     if args.staleness and (args.runner == "ddp" or args.probe_every):
         raise SystemExit("--staleness applies to --runner hpccomm without --probe-every")
     from .meprop import validate as validate_meprop
