@@ -22,7 +22,10 @@ torch = pytest.importorskip("torch")
 from hpccomm.optim import OneBitAdam, ZeroOneAdam  # noqa: E402
 from hpccomm.torch_grads import GradReducer  # noqa: E402
 
-pytestmark = pytest.mark.mpi
+# the optimizers' own logic at 1-4 ranks ("wide": the suite's 4-rank run too);
+# their collective (twoshot) is tested at every rank count by test_collectives_mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.wide,
+              pytest.mark.skipif(SIZE > 4, reason="the optimizers are checked at 1-4 ranks")]
 
 SHAPES = [(7, 5), (13,), (3, 1, 4)]
 LR, BETAS, EPS = 0.01, (0.9, 0.999), 1e-8
