@@ -45,6 +45,10 @@ class ModelSetup(NamedTuple):
     metric: str             # "accuracy" (higher is better) or "loss" (bits per char)
 
 
+#: ``--optimizer`` values that are hpccomm.optim's compressed Adams: they reduce
+#: by themselves (torch models, through a GradReducer's buckets)
+COMPRESSED_ADAMS = ("onebit_adam", "zero_one_adam")
+
 MODELS: Dict[str, ModelSetup] = {
     "mlp": ModelSetup("digits", 5000, "sgd", 0.02, True, 16, 30, None, 2.0, 0.0, "accuracy"),
     "cnn": ModelSetup("mnist1d", 10000, "sgd", 0.0125, True, 32, 12, None, 1.0, 5e-4,

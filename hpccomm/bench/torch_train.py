@@ -35,7 +35,7 @@ from .datasets import eval_windows, load_dataset, stdlib_corpus, windows
 from .meprop import attach as attach_meprop
 from .models import torch_digest, torch_model
 from .probe import GradientProbe
-from .recipes import dgc_described, dgc_transport, lr_at
+from .recipes import COMPRESSED_ADAMS, dgc_described, dgc_transport, lr_at
 
 LN2 = math.log(2.0)
 CONTEXT = 64
@@ -142,7 +142,7 @@ def train_torch(comm, data: Data, codec: str, algorithm: str, seed: int, args) -
     params = dict(net.named_parameters())
     names = list(params)
     reducer, dgc, compressed, ddp = None, None, [], None
-    compressed_adam = args.optimizer in ("onebit_adam", "zero_one_adam")
+    compressed_adam = args.optimizer in COMPRESSED_ADAMS
     if compressed_adam:
         # the optimizer reduces, in a plain GradReducer's buckets: the mean
         # gradient at exact steps, its own compressed payloads at the others;

@@ -301,7 +301,7 @@ def build_parser():
     p.add_argument("--lr", type=float, default=None,
                    help="learning rate (for one rank when scaled; default: the model's fp32 "
                         "rate, or under --recipe paper the validation-chosen one)")
-    p.add_argument("--optimizer", choices=("sgd", "adam", "onebit_adam", "zero_one_adam"),
+    p.add_argument("--optimizer", choices=("sgd", "adam", *recipes.COMPRESSED_ADAMS),
                    default=None,
                    help="the model's own by default (sgd for mlp and cnn, adam for charlm); "
                         "onebit_adam: hpccomm.optim.OneBitAdam, exact Adam for --freeze-step "
@@ -407,7 +407,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"unknown codec {c!r}; available: {', '.join(hpccomm.available_codecs())}")
     if args.runner == "ddp" and args.model == "mlp":
         raise SystemExit("--runner ddp needs a torch model (--model cnn or charlm)")
-    if args.optimizer in ("onebit_adam", "zero_one_adam") and (
+    if args.optimizer in recipes.COMPRESSED_ADAMS and (
             args.model == "mlp" or args.runner == "ddp" or args.staleness or args.probe_every):
         raise SystemExit(f"--optimizer {args.optimizer} runs a torch model (--model cnn or charlm) "
                          "with --runner hpccomm, without --staleness or --probe-every")
@@ -420,7 +420,7 @@ def main(argv=None) -> int:
         raise SystemExit("--dgc-clip-norm must be > 0")
     if args.dense_warmup_steps and args.model != "mlp" and (
             args.staleness or args.runner == "ddp"
-            or args.optimizer in ("onebit_adam", "zero_one_adam")):
+            or args.optimizer in recipes.COMPRESSED_ADAMS):
         raise SystemExit("--dense-warmup-steps: not with --staleness, --runner ddp or a "
                          "compressed Adam (its exact steps are its warm-up)")
     if args.staleness and (args.runner == "ddp" or args.probe_every):
@@ -446,7 +446,7 @@ def main(argv=None) -> int:
         label = (f"ddp-{args.ddp_hook}" if args.runner == "ddp"
                  else codec if args.error_feedback == "auto"
                  else f"{codec}:ef={args.error_feedback}")
-        if args.optimizer in ("onebit_adam", "zero_one_adam"):
+        if args.optimizer in recipes.COMPRESSED_ADAMS:
             label = f"{args.optimizer}:{label}"
         if args.staleness:
             label += f":s={args.staleness}"
