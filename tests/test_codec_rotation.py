@@ -177,8 +177,9 @@ def test_aligned_pieces_encode_like_the_whole(name, params):
     """Encoding ``[0, n)`` in pieces cut at multiples of ``align`` (chunks)
     or of ``segment_unit`` (segments), each with its offset, decodes to the
     bits of the whole -- the trailing piece keeps the whole's tail.  (Not
-    for terngrad, whose scale spans the chunk: its ``segment_unit`` is None
-    rotated or not.)"""
+    for terngrad, whose scale spans the chunk: rotated, its ``segment_unit``
+    is None; unrotated its pieces share the chunk's scale, tested in
+    ``test_memory_mpi``.)"""
     c = hpccomm.get_codec(name, rotate=True, **params)
     shape = (5000,)
     unit = c.segment_unit(shape)

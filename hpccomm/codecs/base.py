@@ -133,6 +133,9 @@ class Codec:
     #: the summable form honours ``EncodeContext.feedback`` (False: algorithm
     #: ``summable`` refuses error feedback with this codec)
     summable_feedback: ClassVar[bool] = True
+    #: the pieces of a chunk are encoded against a statistic of the whole
+    #: chunk (see :meth:`segment_unit`)
+    chunk_statistic: ClassVar[bool] = False
     #: chunk boundaries used by algorithms are multiples of this many elements
     unit: ClassVar[int] = 1
     #: user dtypes the codec serves; codecs always see float32 (the caller
@@ -181,8 +184,20 @@ class Codec:
         chunk may be cut into pieces that are encoded, reduced and decoded
         separately with the same bits -- what lets ``twoshot`` pipeline a
         chunk in segments (the codec must also have ``owner_step``).  None
-        (the default) when a statistic spans the whole chunk (TernGrad's
-        scale, top-k's selection)."""
+        (the default) when a statistic spans the whole chunk (top-k's
+        selection), unless the codec sets ``chunk_statistic`` and encodes
+        pieces against their chunk's statistic:
+
+        * ``chunk_stat(x, e, ctx)``: the statistic of ``v = x + e`` over a
+          whole chunk; ``encode_piece(x, e, e_out, stat, ctx)``: the packet
+          of a piece (``ctx.offset`` its start; with ``e_out`` the residual),
+          the bits of the chunk's encode over those elements;
+        * the owner: ``owner_begin()``, then ``owner_add(received, e, out,
+          lo, hi, acc)`` for every piece in order (the rank-order sum into
+          ``out[lo:hi]`` and the running statistic of ``w = out + e``),
+          ``owner_stat(acc, e, out, ctx)``, and ``owner_encode_piece(e,
+          e_out, out, lo, hi, stat, ctx)`` per piece, which writes the
+          decoded values into ``out[lo:hi]`` (``terngrad``)."""
         return None
 
     # -- summable form (codecs with summable = True) -------------------------

@@ -49,8 +49,9 @@ and its size rule) before any kernel runs; every key is valid.
 
 Alignment: chunks of algorithms (:meth:`RotatedCodec.align`) and pipelined
 segments (:meth:`RotatedCodec.segment_unit`) are cut at multiples of
-``lcm(B, inner's unit)`` (None where the inner has None), so a chunk or
-segment rotates with the blocks of the whole vector.
+``lcm(B, inner's unit)`` (None where the inner has None, or encodes its
+pieces against a statistic of the whole chunk, as ``terngrad`` does), so a
+chunk or segment rotates with the blocks of the whole vector.
 
 Error feedback stays in the original domain (the residual memory holds
 positions): :meth:`RotatedCodec.encode_with_feedback` gives the packet of
@@ -183,7 +184,9 @@ class RotatedCodec(Codec):
         return math.lcm(self.block, int(self.inner.align(shape)))
 
     def segment_unit(self, shape):
-        unit = self.inner.segment_unit(shape)
+        # an inner codec whose pieces share their chunk's statistic is not cut:
+        # the rotation has no piece-wise form of that protocol
+        unit = None if self.inner.chunk_statistic else self.inner.segment_unit(shape)
         return None if unit is None else math.lcm(self.block, int(unit))
 
     def wire_size(self, n):

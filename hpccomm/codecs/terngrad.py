@@ -78,6 +78,8 @@ class TernGradCodec(Codec):
     dense = True
     codec_id = 4
     stochastic = True
+    #: pieces of a chunk share the chunk's scale (twoshot pipelines it in two phases)
+    chunk_statistic = True
     summable = True
     summable_feedback = False
 
@@ -145,53 +147,89 @@ class TernGradCodec(Codec):
         packet[HEADER_SIZE:CODES_OFFSET].view(np.float32)[0] = s
         return packet, packet[CODES_OFFSET:]
 
-    def _encode(self, x, ctx):
-        maxabs, s1, s2, l1, l2, _ = K.tern_stats(x)
+    def segment_unit(self, shape):
+        # pieces share their chunk's scale (``chunk_statistic``); cut at whole
+        # blocks, so that the owner's moments add up in the order of one piece
+        return K.BLOCK
+
+    def chunk_stat(self, x, e, ctx):
+        """``(s, unit)`` of ``v = x + e`` (``v = x`` for ``e=None``): the
+        clipping scale and the scale the packets store (see above), from one
+        pass (:func:`~hpccomm.kernels.terngrad.tern_stats`)."""
+        maxabs, s1, s2, l1, l2, bad = K.tern_stats(x, e)
+        self._raise_nonfinite(bad)
         s = self._scale_from(x.size, maxabs, s1, s2, ctx)
-        unit = self._unit(s, maxabs, l1, l2, ctx)
+        return s, self._unit(s, maxabs, l1, l2, ctx)
+
+    def encode_piece(self, x, e, e_out, stat, ctx):
+        """The packet of ``v = x + e`` drawn against its chunk's ``stat``
+        (:meth:`chunk_stat`), ``ctx.offset`` the piece's start; with ``e_out``,
+        ``e_out = v - decode(packet)``: codes, residual and pack block by
+        block (:func:`~hpccomm.kernels.terngrad.tern_encode`)."""
+        s, unit = stat
         packet, codes = self._new_packet(x.size, unit)
-        K.tern_encode(x, None, self._key(ctx), ctx.offset, s, s, unit, codes)
+        K.tern_encode(x, e, self._key(ctx), ctx.offset, s, s, unit, codes, e_out, None)
         return packet
+
+    def _encode(self, x, ctx):
+        return self.encode_piece(x, None, None, self.chunk_stat(x, None, ctx), ctx)
 
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out =
         v - decode(packet)``, in two passes (the scale needs all of ``v``):
-        the moments of ``v`` (:func:`~hpccomm.kernels.terngrad.tern_stats`),
-        then codes, residual and pack block by block
-        (:func:`~hpccomm.kernels.terngrad.tern_encode`).  The bits of encode,
+        :meth:`chunk_stat`, then :meth:`encode_piece`.  The bits of encode,
         decode and subtract."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
-        n = x.size
-        maxabs, s1, s2, l1, l2, bad = K.tern_stats(x, e)
+        return self.encode_piece(x, e, e_out, self.chunk_stat(x, e, ctx), ctx)
+
+    # -- the owner stage of twoshot, whole or in pieces ----------------------
+    def owner_begin(self):
+        """The running moments of one owner chunk (:meth:`owner_add`)."""
+        return K.owner_accumulator()
+
+    def owner_add(self, received, e, out, lo, hi, acc):
+        """Pass 1 over the piece ``[lo, hi)`` of the owner's chunk (``out`` and
+        ``e`` the whole chunk; pieces in order): the rank-order sum of the
+        received packets of the piece into ``out[lo:hi]`` and the moments of
+        ``w = out + e`` into ``acc``
+        (:func:`~hpccomm.kernels.terngrad.tern_owner_add`)."""
+        for packet in received:
+            self.check_packet(packet, out[lo:hi])
+        scales = payload_rows(received, HEADER_SIZE, np.float32, 1)
+        rows = payload_rows(received, CODES_OFFSET, np.uint8, -(-(hi - lo) // 4))
+        K.tern_owner_add(rows, scales, e, out, lo, hi, *acc)
+
+    def owner_stat(self, acc, e, out, ctx):
+        """``(s, unit)`` of the owner's ``w = out + e`` once every piece was added."""
+        maxabs, s1, s2, l1, l2, bad = K.tern_owner_total(*acc, e, out)
         self._raise_nonfinite(bad)
-        s = self._scale_from(n, maxabs, s1, s2, ctx)
-        unit = self._unit(s, maxabs, l1, l2, ctx)
-        packet, codes = self._new_packet(n, unit)
-        K.tern_encode(x, e, self._key(ctx), ctx.offset, s, s, unit, codes, e_out)
+        s = self._scale_from(out.size, maxabs, s1, s2, ctx)
+        return s, self._unit(s, maxabs, l1, l2, ctx)
+
+    def owner_encode_piece(self, e, e_out, out, lo, hi, stat, ctx):
+        """The owner packet of the piece ``[lo, hi)`` of ``w = out + e`` against
+        the chunk's ``stat`` (``ctx.offset`` the piece's start), ``e_out = w -
+        decode(packet)`` (``e_out=None``: no owner residual) and ``out =
+        decode(packet)`` over the piece."""
+        s, unit = stat
+        packet, codes = self._new_packet(hi - lo, unit)
+        K.tern_encode(out[lo:hi], None if e is None else e[lo:hi], self._key(ctx), ctx.offset,
+                      s, s, unit, codes, None if e_out is None else e_out[lo:hi], out[lo:hi])
         return packet
 
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in two passes over the chunk: the
         rank-order sum of the received packets into ``out`` and the moments
-        of ``w = acc + e`` (:func:`~hpccomm.kernels.terngrad.tern_owner_stats`),
-        then the packet of ``w``, ``e_out = w - decode(packet)`` (``e_out=None``:
-        no owner residual, ``w = acc``) and ``out = decode(packet)``
-        (:func:`~hpccomm.kernels.terngrad.tern_encode`).  The bits of
-        decode-add, compensate, re-encode, decode and subtract.  Returns the
-        packet."""
-        m = out.size
-        for packet in received:
-            self.check_packet(packet, out)
-        scales = payload_rows(received, HEADER_SIZE, np.float32, 1)
-        rows = payload_rows(received, CODES_OFFSET, np.uint8, -(-m // 4))
+        of ``w = acc + e`` (:meth:`owner_add`), then the packet of ``w``,
+        ``e_out = w - decode(packet)`` (``e_out=None``: no owner residual,
+        ``w = acc``) and ``out = decode(packet)`` (:meth:`owner_encode_piece`).
+        The bits of decode-add, compensate, re-encode, decode and subtract.
+        Returns the packet."""
         e = None if e_out is None else e
-        maxabs, s1, s2, l1, l2, bad = K.tern_owner_stats(rows, scales, e, out)
-        self._raise_nonfinite(bad)
-        s = self._scale_from(m, maxabs, s1, s2, ctx)
-        unit = self._unit(s, maxabs, l1, l2, ctx)
-        packet, codes = self._new_packet(m, unit)
-        K.tern_encode(out, e, self._key(ctx), ctx.offset, s, s, unit, codes, e_out, out)
-        return packet
+        acc = self.owner_begin()
+        self.owner_add(received, e, out, 0, out.size, acc)
+        stat = self.owner_stat(acc, e, out, ctx)
+        return self.owner_encode_piece(e, e_out, out, 0, out.size, stat, ctx)
 
     def _decode_into(self, packet, header, out, add):
         scales = packet[HEADER_SIZE:CODES_OFFSET].view(np.float32)

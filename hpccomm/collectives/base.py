@@ -173,6 +173,27 @@ class Contribution:
             self._pending.append((lo, hi, packet))
         return packet
 
+    def chunk_stat(self, lo: int, hi: int, ectx: EncodeContext):
+        """The statistic of the chunk ``v[lo:hi]`` that its pieces are encoded
+        against (codecs with ``chunk_statistic``: :meth:`encode_piece`)."""
+        if self._fused:
+            return self.codec.chunk_stat(self.x[lo:hi],
+                                         None if self._e is None else self._e[lo:hi], ectx)
+        return self.codec.chunk_stat(self._v[lo:hi], None, self.context(ectx, lo, hi))
+
+    def encode_piece(self, lo: int, hi: int, stat, ectx: EncodeContext) -> np.ndarray:
+        """The packet of the piece ``v[lo:hi]`` of a chunk whose statistic is
+        ``stat`` (:meth:`chunk_stat`; ``ectx.offset`` is ``lo``): with the bits
+        of the chunk's own encode over those elements."""
+        if self._fused:
+            e = None if self._e is None else self._e[lo:hi]
+            return self.codec.encode_piece(self.x[lo:hi], e, self._e_out[lo:hi], stat, ectx)
+        packet = self.codec.encode_piece(self._v[lo:hi], None, None, stat,
+                                         self.context(ectx, lo, hi))
+        if self.memory.enabled:
+            self._pending.append((lo, hi, packet))
+        return packet
+
     def encode_chunks(self, bounds: Sequence[int], ctx: ReduceContext,
                       rank: int) -> List[np.ndarray]:
         """The packets of ``v[bounds[j]:bounds[j + 1]]`` for every ``j``

@@ -35,7 +35,13 @@ with non-blocking transfers: segment ``s + 1`` is encoded while segment
 ``s``'s all-to-all is on the wire, and segment ``s - 1`` is decoded after
 segment ``s``'s owner step.  Owners, random streams and result bits are
 those of ``S = 1``; every piece is a packet of its own (its header more on
-the wire).  Overlap needs something besides these cores to move the bytes
+the wire).  A codec whose pieces share a statistic of their whole chunk
+(``chunk_statistic``: TernGrad's scale) runs in two phases instead: every
+chunk's statistic first (one pass over the vector), then the all-to-all in
+segments, the owner adding up each piece as it arrives; the owner's
+statistic of its whole chunk; then the allgather in segments, each owner
+piece re-encoded against that statistic while the one before is on the
+wire.  Overlap needs something besides these cores to move the bytes
 (a NIC, the kernel's TCP stack): within one node MPICH copies messages with
 the ranks' own cores, and nothing overlaps (``docs/results/overlap.md``).  So
 ``segments="auto"`` is 1 when all ranks share a node, else one segment per
@@ -160,7 +166,10 @@ class TwoShot(Algorithm):
                        and (owner.fusable or not owner.enabled))
         if S > 1 and fused_owner:
             call.extra["segments"] = S
-            self._pipelined(work, out, state, ctx, S)
+            if codec.chunk_statistic:
+                self._pipelined_in_two_phases(work, out, state, ctx, S)
+            else:
+                self._pipelined(work, out, state, ctx, S)
             return
         bounds, fixed, recv_sizes = self._plan(n, ctx.shape, state)
         with call.time("encode"):
@@ -235,6 +244,72 @@ class TwoShot(Algorithm):
                                        None if e_out is None else e_out[sl], ctx)
             sizes = plan[s][1]
             gathers.append((net.iallgatherv(packet, sizes), packet))
+            if s >= 1:
+                decode(s - 1, gathers[s - 1][0].wait())
+                gathers[s - 1] = None
+        decode(S - 1, gathers[S - 1][0].wait())
+        if owner.enabled:
+            owner.commit_fused(state, "owner")
+
+    def _pipelined_in_two_phases(self, work, out, state, ctx, S):
+        """Steps 2-5 in ``S`` segments for a codec whose pieces share their
+        chunk's statistic (``chunk_statistic``; see the module docstring):
+        every chunk's statistic first, then phase 1, the all-to-all, with
+        piece ``s + 1`` encoded while ``s`` is on the wire and the owner
+        adding up piece ``s`` as it arrives; the owner's statistic of its
+        whole chunk; then phase 2, the allgather, with the owner's piece
+        ``s + 1`` re-encoded while ``s`` is on the wire and piece ``s - 1``
+        decoded after it."""
+        codec, net, call, P, r = self.codec, ctx.net, ctx.call, self.size, self.rank
+        plan = self._segment_plan(work.x.size, ctx.shape, S, state)
+        bounds = self._plan(work.x.size, ctx.shape, state)[0]
+        owner = ctx.memory.owner
+        base, end = bounds[r], bounds[r + 1]
+        e, e_out = self._owner_buffers(owner, state, end - base)
+        e = None if e_out is None else e
+        mine = out[base:end]
+        with call.time("encode"):
+            stats = [work.chunk_stat(bounds[j], bounds[j + 1], ctx.encode_context(r, bounds[j]))
+                     for j in range(P)]
+
+        def start_alltoall(s):
+            pieces, sizes = plan[s]
+            with call.time("encode"):
+                packets = [work.encode_piece(lo, hi, stats[j], ctx.encode_context(r, lo))
+                           for j, (lo, hi) in enumerate(pieces)]
+            in_place = sizes is not None and sum(sizes) > IN_PLACE_BYTES
+            return net.ialltoallv(packets, None if sizes is None else [sizes[r]] * P,
+                                  in_place=in_place), packets
+
+        # phase 1: the all-to-all, the owner's sum and moments piece by piece
+        acc = codec.owner_begin()
+        a2a = [start_alltoall(0)]
+        for s in range(S):
+            if s + 1 < S:
+                a2a.append(start_alltoall(s + 1))
+            received = a2a[s][0].wait()
+            a2a[s] = None
+            lo, hi = plan[s][0][r]
+            with call.time("encode"):
+                codec.owner_add(received, e, mine, lo - base, hi - base, acc)
+        octx = ctx.encode_context(P + r, base)
+        with call.time("encode"):
+            ostat = codec.owner_stat(acc, e, mine, octx)
+
+        def decode(s, gathered):
+            with call.time("decode"):
+                for j, (lo, hi) in enumerate(plan[s][0]):
+                    if j != r:
+                        codec.decode(gathered[j], out[lo:hi])
+
+        # phase 2: the owner's pieces re-encoded, the allgather, the decode
+        gathers = []
+        for s in range(S):
+            lo, hi = plan[s][0][r]
+            with call.time("encode"):
+                packet = codec.owner_encode_piece(e, e_out, mine, lo - base, hi - base, ostat,
+                                                  ctx.encode_context(P + r, lo))
+            gathers.append((net.iallgatherv(packet, plan[s][1]), packet))
             if s >= 1:
                 decode(s - 1, gathers[s - 1][0].wait())
                 gathers[s - 1] = None

@@ -100,27 +100,42 @@ def tern_stats(x, e=None):
     return top, s1, s2, l1, l2, bad
 
 
+def owner_accumulator():
+    """The running state of :func:`tern_owner_add` over one owner chunk:
+    ``(x0, mx, acc)``, the shift ``v[0]`` (set by the piece at 0) and the
+    lanes of :func:`_tern_moments`."""
+    return np.zeros(1), np.zeros(LANES, dtype=np.float32), np.zeros(3 * LANES)
+
+
 @njit(cache=True, nogil=True)
-def tern_owner_stats(rcodes, rscales, e, out):
-    """Pass 1 of TernGrad's owner step: ``out = 0 + decode(packet 0) +
-    decode(packet 1) + ...`` in packet order (row ``src`` of ``rcodes``: a
-    packet's 2-bit codes, ``rscales[src, 0]`` its scale) and
-    :func:`tern_stats` of ``w = out + e`` (``out`` for ``e=None``), a block
-    at a time."""
+def tern_owner_add(rcodes, rscales, e, out, lo, hi, x0, mx, acc):
+    """Pass 1 of TernGrad's owner step over the piece ``[lo, hi)`` of the
+    owner's chunk (``lo`` a multiple of :data:`BLOCK`; pieces in order, the
+    one at 0 first): ``out[lo:hi] = 0 + decode(packet 0) + decode(packet 1)
+    + ...`` in packet order (row ``src`` of ``rcodes``: a packet's 2-bit codes
+    of the piece, ``rscales[src, 0]`` its scale), and the moments of ``w =
+    out + e`` (``out`` for ``e=None``; both the whole chunk) added to the
+    lanes of ``(x0, mx, acc)`` (:func:`owner_accumulator`), a block at a time.
+    Each lane adds its elements in index order whatever the pieces, so the
+    pieces of a chunk give the bits of the chunk in one piece."""
+    m = hi - lo
+    codes = np.empty(BLOCK, dtype=np.int8)
+    for blo in range(lo, hi, BLOCK):
+        bhi = min(blo + BLOCK, hi)
+        _decode_sum_range(rcodes, 2, m, 1, rscales, blo - lo, bhi - lo, codes, out[blo:bhi])
+        if blo == 0:
+            x0[0] = np.float64(_v(out, e, _U0))
+        _tern_moments(out, e, blo, bhi, x0[0], mx, acc)
+
+
+@njit(cache=True, nogil=True)
+def tern_owner_total(x0, mx, acc, e, out):
+    """``(max|w|, S1, S2, L1, L2, bad)`` of the whole chunk from the lanes
+    :func:`tern_owner_add` filled (as :func:`tern_stats` gives them)."""
     n = out.size
     if n == 0:
         return np.float32(0.0), 0.0, 0.0, 0.0, 0.0, 0
-    codes = np.empty(BLOCK, dtype=np.int8)
-    mx = np.zeros(LANES, dtype=np.float32)
-    acc = np.zeros(3 * LANES)
-    x0 = 0.0
-    for blo in range(0, n, BLOCK):
-        bhi = min(blo + BLOCK, n)
-        _decode_sum_range(rcodes, 2, n, 1, rscales, blo, bhi, codes, out[blo:bhi])
-        if blo == 0:
-            x0 = np.float64(_v(out, e, _U0))
-        _tern_moments(out, e, blo, bhi, x0, mx, acc)
-    top, s1, s2, l1, l2 = _tern_totals(n, x0, mx, acc)
+    top, s1, s2, l1, l2 = _tern_totals(n, x0[0], mx, acc)
     bad = 0 if np.isfinite(s1) and np.isfinite(s2) else _count_nonfinite(out, e, 0, n)
     return top, s1, s2, l1, l2, bad
 
