@@ -357,6 +357,59 @@ def test_dgc_adapts_a_threshold_that_is_too_high():
     assert np.count_nonzero(few) == s
 
 
+SAMPLED = {"topk": {}, "topk_exact": {"exact": True}, "topk_5": {"ratio": 0.05},
+           "dgc": {}, "dgc_1": {"ratio": 0.01}, "dgc_3iters": {"ratio": 0.02, "max_iters": 3}}
+
+
+@pytest.mark.parametrize("residual", [False, True])
+@pytest.mark.parametrize("n", [30_001, 3 * 65_536 + 17, 400_000])
+@pytest.mark.parametrize("case", list(SAMPLED))
+def test_sampled_selection_with_feedback_in_one_pass(case, n, residual):
+    """Where topk's and dgc's threshold comes from a sample, the encode with
+    feedback forms ``v = x + e``, collects its candidates and counts NaN/Inf
+    in one pass (:func:`~hpccomm.kernels.sparsify.compensate_select`): packet
+    and residual have the bits of the three steps (encode ``v``, decode,
+    subtract), with zeros, ties, DGC's lowered thresholds (large values where
+    the sample looks) and blocks cut mid-chunk."""
+    codec = get_codec(case.split("_")[0], **SAMPLED[case])
+    x = data(n, n)
+    x[::7] = 0
+    x[1::11] = np.float32(0.75)     # ties at many magnitudes' cut
+    ctx = EncodeContext(seed=3, step=2, rank=1, offset=4097)
+    if case == "dgc_3iters":
+        s = dgc_mod.dgc_sample_size(n, codec.ratio, codec.sample_ratio)
+        x[sparse_kernels.strided_positions(n, s, codec._key(ctx), ctx.offset)] = 8.0
+    e = data(n, n + 1) * np.float32(0.5) if residual else None
+    assert codec._sample_size(n, codec.max_count(n)) < n
+    e_out = np.empty(n, np.float32)
+    packet = codec.encode_with_feedback(x, e, e_out, ctx)
+    v = x if e is None else x + e
+    expect = codec.encode(v, ctx)
+    assert packet.tobytes() == expect.tobytes()
+    assert e_out.tobytes() == (v - codec.decode(expect, np.empty(n, np.float32))).tobytes()
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+@pytest.mark.parametrize("case", ["topk", "dgc"])
+def test_sampled_selection_with_feedback_counts_nonfinite(case, bad):
+    """The one-pass encode raises for NaN/Inf in ``v`` under ``"raise"`` and,
+    under ``"propagate"``, gives the three steps' bits (an Inf is sent, a NaN
+    never)."""
+    n = 100_003
+    x, e = data(n, 1), data(n, 2)
+    e[70_001] = bad
+    with pytest.raises(NonFiniteError):
+        get_codec(case).encode_with_feedback(x, e, np.empty(n, np.float32), CTX)
+    codec = get_codec(case, nonfinite="propagate")
+    e_out = np.empty(n, np.float32)
+    packet = codec.encode_with_feedback(x, e, e_out, CTX)
+    expect = codec.encode(x + e, CTX)
+    assert packet.tobytes() == expect.tobytes()
+    with np.errstate(invalid="ignore"):
+        ref = (x + e) - codec.decode(expect, np.empty(n, np.float32))
+    assert e_out.tobytes() == ref.tobytes()
+
+
 # ---------------------------------------------------------------------------
 # threshold
 # ---------------------------------------------------------------------------

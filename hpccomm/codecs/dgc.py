@@ -7,7 +7,7 @@ Parameters: ``ratio`` (default 0.001, DGC's ``compress_ratio``),
 ``max_adaptation_iters``).  ``k = max(1, ceil(ratio * n))`` as in
 :mod:`~hpccomm.codecs.topk`.
 
-Selection (:func:`dgc_select`; zeros are never sent):
+Selection (:func:`dgc_threshold`, :func:`dgc_finish`; zeros are never sent):
 
 1. Sample ``s = min(n, max(ceil(sample_ratio * n), ceil(2 / ratio)))``
    magnitudes -- 1 % of the vector by default, and at least enough for two
@@ -56,32 +56,49 @@ def dgc_sample_size(n: int, ratio: float, sample_ratio: float) -> int:
     return min(n, max(math.ceil(sample_ratio * n), math.ceil(2.0 / ratio)))
 
 
-def dgc_select(x: np.ndarray, k: int, ratio: float, sample_ratio: float, max_iters: int,
-               ctx: EncodeContext):
-    """DGC's selection of at most ``k`` entries of ``x`` (steps 1-3 above):
+def dgc_threshold(sample: np.ndarray, ratio: float) -> np.float32:
+    """Step 1's ``thr``: the ``ceil(s * ratio)``-th largest of the ``s``
+    sampled magnitudes."""
+    s = sample.size
+    return K.kth_largest(sample, min(s, max(1, math.ceil(s * ratio))))
+
+
+def dgc_finish(x: np.ndarray, thr, idx: np.ndarray, vals: np.ndarray, k: int,
+               max_iters: int):
+    """Steps 2-3 from the candidates ``(idx, vals)`` of ``x`` at ``thr``:
     ``(idx, vals)`` sorted by index."""
-    n = x.size
-    idt = index_dtype(n)
-    if k == 0:
-        return np.empty(0, idt), np.empty(0, np.float32)
-    s = dgc_sample_size(n, ratio, sample_ratio)
-    key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
-    sample = K.strided_sample_abs(x, s, key, ctx.offset)
-    thr = K.kth_largest(sample, min(s, max(1, math.ceil(s * ratio))))
-    count = K.count_abs_ge(x, thr)
+    count = idx.size
+    lowered = False
     for _ in range(max_iters):
         if count >= LOWER * k or thr == 0:  # enough (too many: trimmed below)
             break
         thr = np.float32(thr * DECAY)
         count = K.count_abs_ge(x, thr)
-    idx, vals = K.select_abs_ge(x, thr, idt)
+        lowered = True
+    if lowered:
+        idx, vals = K.select_abs_ge(x, thr, index_dtype(x.size))
     return K.keep_largest(idx, vals, k)
+
+
+def dgc_select(x: np.ndarray, k: int, ratio: float, sample_ratio: float, max_iters: int,
+               ctx: EncodeContext):
+    """DGC's selection of at most ``k`` entries of ``x`` (steps 1-3 above):
+    ``(idx, vals)`` sorted by index."""
+    n = x.size
+    if k == 0:
+        return np.empty(0, index_dtype(n)), np.empty(0, np.float32)
+    s = dgc_sample_size(n, ratio, sample_ratio)
+    thr = dgc_threshold(K.strided_sample_abs(x, s, stream_key(ctx.seed, ctx.rank, ctx.step, SALT),
+                                             ctx.offset), ratio)
+    idx, vals = K.select_abs_ge(x, thr, index_dtype(n))
+    return dgc_finish(x, thr, idx, vals, k, max_iters)
 
 
 @register_codec
 class DGC(PairCodec):
     name = "dgc"
     codec_id = 10
+    salt = SALT
 
     def __init__(self, ratio: float = 0.001, sample_ratio: float = 0.01, max_iters: int = 10,
                  nonfinite: str = "raise"):
@@ -95,6 +112,11 @@ class DGC(PairCodec):
         return {"ratio": self.ratio, "sample_ratio": self.sample_ratio,
                 "max_iters": self.max_iters}
 
-    def _pairs(self, x, ctx):
-        return dgc_select(x, top_count(self.ratio, x.size), self.ratio, self.sample_ratio,
-                          self.max_iters, ctx)
+    def _sample_size(self, n, k):
+        return dgc_sample_size(n, self.ratio, self.sample_ratio)
+
+    def _threshold(self, sample, n, k):
+        return dgc_threshold(sample, self.ratio)
+
+    def _finish(self, x, t, idx, vals, k):
+        return dgc_finish(x, t, idx, vals, k, self.max_iters)

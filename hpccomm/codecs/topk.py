@@ -109,7 +109,8 @@ def top_count(ratio: float, n: int) -> int:
 
 
 class PairCodec(SparseCodec):
-    """Common part of ``topk`` and ``dgc``: a ``ratio`` and the pair layout."""
+    """Common part of ``topk`` and ``dgc``: a ``ratio``, the pair layout and
+    the selection's shape (a sampled threshold, the candidates, a finish)."""
 
     #: the sample's start is random
     stochastic = True
@@ -136,21 +137,68 @@ class PairCodec(SparseCodec):
     def _decode_into(self, packet, header, out, add):
         decode_pairs(self, packet, header, out, add)
 
+    # -- selection: a threshold from a strided sample, the candidates at it,
+    # then the codec's own finish (subclasses)
+    def _sample_size(self, n: int, k: int) -> int:
+        """Magnitudes sampled for the threshold of ``n`` elements keeping
+        ``k`` (``n`` itself: the threshold needs the whole vector)."""
+        raise NotImplementedError
+
+    def _threshold(self, sample: np.ndarray, n: int, k: int) -> np.float32:
+        """The first threshold for ``n`` elements keeping ``k``, from the
+        sampled magnitudes (all ``n`` of them where :meth:`_sample_size` says
+        ``n``)."""
+        raise NotImplementedError
+
+    def _finish(self, x, t, idx, vals, k):
+        """The pairs that go out, from the candidates ``(idx, vals)`` of ``x``
+        at ``t``."""
+        raise NotImplementedError
+
+    def _key(self, ctx):
+        return stream_key(ctx.seed, ctx.rank, ctx.step, self.salt)
+
+    def _pairs(self, x, ctx):
+        n = x.size
+        k = self.max_count(n)
+        idt = index_dtype(n)
+        if k == 0:
+            return np.empty(0, idt), np.empty(0, np.float32)
+        s = self._sample_size(n, k)
+        t = self._threshold(np.abs(x) if s == n else
+                            K.strided_sample_abs(x, s, self._key(ctx), ctx.offset), n, k)
+        idx, vals = K.select_abs_ge(x, t, idt)
+        return self._finish(x, t, idx, vals, k)
+
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` and ``e_out = v - decode(packet)``
-        without a dense decode: ``v`` is formed in ``e_out``, selected from
-        there, and only the sent entries are corrected (``e_out[idx] -=
-        vals``; ``v - 0.0 == v`` elsewhere), the bits of the three steps."""
+        without a dense decode.  Where the threshold comes from a sample, in
+        one pass over ``x`` and ``e`` (:func:`~hpccomm.kernels.sparsify.compensate_select`:
+        ``v`` written to ``e_out``, its candidates at the sample's threshold
+        collected, NaN/Inf counted), else ``v`` formed in ``e_out`` and
+        selected from there; then only the sent entries are corrected
+        (``e_out[idx] -= vals``, :func:`~hpccomm.kernels.sparsify.subtract_at`;
+        ``v - 0.0 == v`` elsewhere).  The bits of
+        the three steps."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
-        if e is None:
-            np.copyto(e_out, x)
+        n = x.size
+        k = self.max_count(n)
+        s = self._sample_size(n, k) if k else n
+        if s < n:
+            sample = K.strided_sample_abs(x, s, self._key(ctx), ctx.offset, e)
+            t = self._threshold(sample, n, k)
+            idx, vals, bad = K.compensate_select(x, e, e_out, t, index_dtype(n),
+                                                 np.count_nonzero(sample >= t) / s)
+            self._raise_nonfinite(bad)
+            idx, vals = self._finish(e_out, t, idx, vals, k)
         else:
-            np.add(x, e, out=e_out)
-        v = self._check_input(e_out)
-        idx, vals = self._pairs(v, ctx)
-        packet = pack_pairs(self, v.size, idx, vals)
-        with np.errstate(invalid="ignore", over="ignore"):  # non-finite v under "propagate"
-            e_out[idx] -= vals
+            if e is None:
+                np.copyto(e_out, x)
+            else:
+                np.add(x, e, out=e_out)
+            idx, vals = self._pairs(self._check_input(e_out), ctx)
+        packet = pack_pairs(self, n, idx, vals)
+        K.subtract_at(e_out, idx, vals)
         return packet
 
 
@@ -158,6 +206,7 @@ class PairCodec(SparseCodec):
 class TopK(PairCodec):
     name = "topk"
     codec_id = 8
+    salt = SALT
 
     def __init__(self, ratio: float = 0.01, exact: bool = False, nonfinite: str = "raise"):
         super().__init__(ratio, nonfinite=nonfinite)
@@ -170,23 +219,18 @@ class TopK(PairCodec):
         """Strided samples taken for a vector of ``n`` elements."""
         return min(n, max(MIN_SAMPLES, math.ceil(SAMPLED_HITS / self.ratio)))
 
-    def _pairs(self, x, ctx):
-        n = x.size
-        k = self.max_count(n)
-        idt = index_dtype(n)
-        if k == 0:
-            return np.empty(0, idt), np.empty(0, np.float32)
-        if k == n:
-            t = 0.0
-        else:
-            s = self.sample_size(n)
-            if s == n:
-                t = K.kth_largest(np.abs(x), k)
-            else:
-                key = stream_key(ctx.seed, ctx.rank, ctx.step, SALT)
-                sample = K.strided_sample_abs(x, s, key, ctx.offset)
-                t = K.kth_largest(sample, min(s, math.ceil(MARGIN * self.ratio * s)))
-        idx, vals = K.select_abs_ge(x, t, idt)
+    def _sample_size(self, n, k):
+        return n if k == n else self.sample_size(n)
+
+    def _threshold(self, sample, n, k):
+        if k == n:     # every non-zero passes
+            return np.float32(0.0)
+        if sample.size == n:   # the whole vector: exact
+            return K.kth_largest(sample, k)
+        s = sample.size
+        return K.kth_largest(sample, min(s, math.ceil(MARGIN * self.ratio * s)))
+
+    def _finish(self, x, t, idx, vals, k):
         if self.exact and vals.size < k and t > 0:
-            idx, vals = K.select_abs_ge(x, K.kth_largest(np.abs(x), k), idt)
+            idx, vals = K.select_abs_ge(x, K.kth_largest(np.abs(x), k), index_dtype(x.size))
         return K.keep_largest(idx, vals, k)
