@@ -344,7 +344,8 @@ class Allreducer:
         if key is not None and type(x) is np.ndarray and layout is None:
             lean = self._lean.get(key)
             if lean is not None and x.shape == lean.shape and x.dtype == lean.dtype:
-                result = self._lean_call(lean, x, out)
+                result = (self._lean_call(lean, x, out) if lean.plan is None
+                          else self._planned_call(lean, x, out))
                 if result is not None:
                     return result
         t0 = time.perf_counter()
@@ -402,7 +403,7 @@ class Allreducer:
             self._states.move_to_end(key)
             if type(x) is np.ndarray:
                 self._remember_lean(key, x, buf, state, call,
-                                    desc if self.check == "always" else None)
+                                    desc if self.check == "always" else None, layout)
         return result
 
     def _keep(self, key: str, state: KeyState) -> None:
@@ -413,6 +414,14 @@ class Allreducer:
                 old, _ = self._states.popitem(last=False)
                 self._lean.pop(old, None)
         self._states[key] = state
+
+    def repeat_path(self, key: str) -> Optional[str]:
+        """How ``key``'s next call of the same shape and dtype will run:
+        ``"dense"`` (one plain ``MPI_Allreduce``, :meth:`_lean_call`),
+        ``"plan"`` (the algorithm's plan for the key, :meth:`_planned_call`),
+        or None (the general path) -- for profiling and tests."""
+        lean = self._lean.get(key)
+        return None if lean is None else "dense" if lean.plan is None else "plan"
 
     def keys(self) -> list:
         """The keys whose state this reducer keeps, the least recently called first."""
@@ -461,16 +470,73 @@ class Allreducer:
         return self._call(x, key, out, layout, where)
 
     # ------------------------------------------------------------------ lean path
-    def _remember_lean(self, key, x, buf, state, call, desc) -> None:
-        """Remember ``key``'s call as lean when it was one plain MPI_Allreduce
-        of a contiguous host array in a dtype MPI sums natively."""
-        if (self.size > 1 and 0 < x.size <= INT_MAX and x.flags.c_contiguous
-                and buf.dtype in self.algorithm.dtypes
-                and self.algorithm.sends_dense(buf.size, buf.shape, key)):
+    def _remember_lean(self, key, x, buf, state, call, desc, layout) -> None:
+        """Remember how ``key``'s next calls may run: as one plain
+        MPI_Allreduce (:meth:`_lean_call`) when this call was one, of a
+        contiguous host array in a dtype MPI sums natively; or through the
+        algorithm's plan for the key (:meth:`_planned_call`), where it has one
+        for this call -- host float32 in fused kernels, no codec range check
+        and no layout."""
+        self._lean.pop(key, None)
+        if not (self.size > 1 and 0 < x.size <= INT_MAX and x.flags.c_contiguous):
+            return
+        if buf.dtype in self.algorithm.dtypes and self.algorithm.sends_dense(buf.size, buf.shape,
+                                                                            key):
             self._lean[key] = _Lean(key, x.shape, x.dtype, desc, self._scans_input(buf, False),
                                     state, dict(call.extra))
+            return
+        if (buf.dtype == "float32" and layout is None and self.fused
+                and getattr(self.codec, "check_values", None) is None):
+            defers = self._defers_check(buf)
+            plan = self.algorithm.repeat_plan(self._comm, buf.size, buf.shape, state,
+                                              self.memory, defers)
+            if plan is not None:
+                self._lean[key] = _Lean(key, x.shape, x.dtype, desc,
+                                        self._scans_input(buf, defers), state, dict(call.extra),
+                                        plan, defers)
+
+    def _planned_call(self, lean: "_Lean", x: np.ndarray, out: Any) -> Optional[np.ndarray]:
+        """The repeated call of a key through the algorithm's plan
+        (:meth:`~hpccomm.collectives.base.Algorithm.repeat_plan`): the same
+        deferred cross-rank check, collectives, bits, state and statistics as
+        the general path, without rebuilding per call what does not change.
+        Returns None (nothing done) when this call does not fit (another
+        ``out``, a strided input): the general path then runs it,
+        collectively compatible with the ranks that took this one."""
+        t0 = time.perf_counter()
+        if not x.flags.c_contiguous:
+            return None
+        if out is None:
+            res = np.empty_like(x)
+        elif (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
+              and out.flags.c_contiguous and out.flags.writeable
+              and not np.may_share_memory(out, x)):
+            res = out
         else:
-            self._lean.pop(key, None)
+            return None
+        state = lean.state
+        call = CallStats(key=lean.key, n=x.size, nbytes=x.nbytes, extra=dict(lean.extra))
+        flat = x.reshape(-1)
+        check = None
+        if lean.desc is not None:       # check="always": as the general path checks
+            if lean.defers:             # after the local encode
+                check = functools.partial(agree, self.comm, lean.desc)
+            else:                       # before it, with the input's NaN/Inf scan
+                bad = count_nonfinite(flat) if lean.scan else 0
+                agree(self.comm, lean.desc, nonfinite_input(bad, self.codec.name) if bad else None)
+        try:
+            lean.plan.reduce(flat, res.reshape(-1), state, call, self.seed, x.shape,
+                             self.memory, lean.scan, check)
+        except Exception as exc:
+            stranded(exc, self._comm, self.on_error,
+                     lambda: self._call_text(x.size, lean.key, state.step))
+            raise
+        self._finish_mean(res)
+        state.step += 1
+        self._states.move_to_end(lean.key)
+        call.t_total = time.perf_counter() - t0
+        self.stats.record(call)
+        return res
 
     def _lean_call(self, lean: "_Lean", x: np.ndarray, out: Any) -> Optional[np.ndarray]:
         """The repeated dense call of a key, without the algorithm: the same
@@ -636,13 +702,15 @@ __all__ = ["Allreducer", "allreduce", "ConsistencyError"]
 
 
 class _Lean:
-    """What the lean path of a key needs (see :meth:`Allreducer._lean_call`)."""
+    """What a key's repeated call needs: the dense lean path
+    (:meth:`Allreducer._lean_call`, ``plan`` None) or the algorithm's plan
+    (:meth:`Allreducer._planned_call`)."""
 
-    __slots__ = ("key", "shape", "dtype", "desc", "scan", "state", "extra")
+    __slots__ = ("key", "shape", "dtype", "desc", "scan", "state", "extra", "plan", "defers")
 
-    def __init__(self, key, shape, dtype, desc, scan, state, extra):
+    def __init__(self, key, shape, dtype, desc, scan, state, extra, plan=None, defers=False):
         self.key, self.shape, self.dtype, self.desc, self.scan = key, shape, dtype, desc, scan
-        self.state, self.extra = state, extra
+        self.state, self.extra, self.plan, self.defers = state, extra, plan, defers
 
 
 def _length(x: Any) -> Any:

@@ -28,8 +28,10 @@ call is ``start(...).wait()`` (the error is met on the progress thread).
 ``kill``, ``stall``, ``finalize``: see :func:`kill_job`, :func:`stall_job`,
 :func:`finalize_job`.
 
-The injector patches :class:`hpccomm.collectives.transport.Transport` in this
-process only: the library is the one under test.
+The injector patches :class:`hpccomm.collectives.transport.Transport` (and
+the transfers that go around it: a repeated call's
+:class:`~hpccomm.collectives.transport.FixedExchange`, the lean path's
+``dense_allreduce``) in this process only: the library is the one under test.
 """
 import os
 import signal
@@ -72,6 +74,9 @@ class Injector:
         for name in NONBLOCKING:
             original = getattr(T.Transport, name)
             setattr(T.Transport, name, self._nonblocking(original, name))
+        for name in ("alltoallv", "allgatherv"):   # a repeated twoshot call's plan
+            original = getattr(T.FixedExchange, name)
+            setattr(T.FixedExchange, name, self._blocking(original, name))
         import hpccomm.core    # the repeated dense call of a key goes around the Transport
 
         dense = hpccomm.core.dense_allreduce

@@ -50,6 +50,21 @@ def rank_data(n, seed=0, dtype=np.float32, rank=RANK, integers=False):
     return rng.standard_normal(n).astype(dtype)
 
 
+#: the kinds of ``out`` a reducer call may get (:func:`input_and_out`)
+OUT_MODES = ("new", "separate", "inplace", "overlapping")
+
+
+def input_and_out(n, seed, out_mode):
+    """``(x, out)`` of ``n`` elements of :func:`rank_data` for an ``out_mode``
+    of :data:`OUT_MODES`: no ``out``, a separate array, ``x`` itself, or one
+    that overlaps ``x`` (shifted by one element)."""
+    base = rank_data(2 * n + 1, seed=seed)
+    if out_mode == "overlapping":
+        return base[:n], base[1:n + 1]
+    x = base[:n].copy()
+    return x, {"new": None, "separate": np.empty_like(x), "inplace": x}[out_mode]
+
+
 def exact_sum(n, seed=0, integers=False, nranks=SIZE):
     """The float64 sum of :func:`rank_data` (float32) over all ranks, computed locally."""
     total = np.zeros(n, dtype=np.float64)

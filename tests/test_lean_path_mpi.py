@@ -11,7 +11,8 @@ from mpi4py import MPI
 import hpccomm
 from hpccomm.collectives.transport import allreduce_bytes
 
-from .helpers import COMM, RANK, SIZE, digest, raise_everywhere, rank_data
+from .helpers import (COMM, OUT_MODES, RANK, SIZE, digest, input_and_out, raise_everywhere,
+                      rank_data)
 
 pytestmark = pytest.mark.mpi
 
@@ -29,18 +30,13 @@ def reference(x, op):
 @pytest.mark.parametrize("codec,algorithm", CONFIGS)
 @pytest.mark.parametrize("check", ["always", "first"])
 @pytest.mark.parametrize("op", ["sum", "mean"])
-@pytest.mark.parametrize("out_mode", ["new", "separate", "inplace", "overlapping"])
+@pytest.mark.parametrize("out_mode", OUT_MODES)
 def test_repeated_dense_calls_have_mpis_bits(codec, algorithm, check, op, out_mode):
     reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm=algorithm, check=check, op=op)
     n, calls = 1001, 5
     results, wants, after_first = [], [], 0
     for step in range(calls):
-        base = rank_data(2 * n + 1, seed=step)
-        if out_mode == "overlapping":
-            x, out = base[:n], base[1:n + 1]
-        else:
-            x = base[:n].copy()
-            out = {"new": None, "separate": np.empty_like(x), "inplace": x}[out_mode]
+        x, out = input_and_out(n, step, out_mode)
         want = reference(np.ascontiguousarray(x), op)
         got = reducer(x, key="g", out=out)
         if out is not None:
@@ -82,11 +78,17 @@ def test_nan_on_one_rank_after_lean_calls_is_raised_everywhere():
                                              "key 'g' names a tensor of 500 elements, this "
                                              "call has 501"),
                                             ("strided", "ValueError", "not C-contiguous")])
-def test_bad_input_on_one_rank_after_lean_calls_is_raised_everywhere(bad, error, text):
-    reducer = hpccomm.Allreducer(COMM, codec="onebit", algorithm="auto")
+@pytest.mark.parametrize("algorithm,path", [("auto", "dense"), ("twoshot", "plan")])
+def test_bad_input_on_one_rank_after_lean_calls_is_raised_everywhere(bad, error, text,
+                                                                     algorithm, path):
+    """After repeated calls, dense (the lean path) or compressed (the
+    algorithm's plan, tests/test_planned_path_mpi.py), one rank's bad input
+    takes the general path and meets the others in the same agreement."""
+    reducer = hpccomm.Allreducer(COMM, codec="onebit", algorithm=algorithm)
     x = rank_data(500)
     for _ in range(3):
         reducer(x, key="g")
+    assert reducer.repeat_path("g") == path
     y = x
     if RANK == 0:
         y = rank_data(501) if bad == "longer" else rank_data(1000)[::2]

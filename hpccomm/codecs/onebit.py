@@ -98,9 +98,8 @@ class OneBitCodec(Codec):
         axes, else :data:`~hpccomm.codecs.base.VECTOR_COLUMN`."""
         if self.col_len is not None:
             return self.col_len
-        shape = tuple(int(s) for s in shape)
         if len(shape) >= 2:
-            return max(shape[-1], 1)
+            return max(int(shape[-1]), 1)
         return VECTOR_COLUMN
 
     def align(self, shape):

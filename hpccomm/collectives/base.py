@@ -334,6 +334,17 @@ class Algorithm:
         self.exchange(work, out, state, ctx)
         work.commit(ctx.call)
 
+    def repeat_plan(self, comm: MPI.Comm, n: int, shape: tuple, state: KeyState,
+                    memory: Memory, deferred: bool) -> Optional["RepeatPlan"]:
+        """A plan for this key's next calls of ``n`` elements of ``shape`` on
+        ``comm`` (host float32, fused kernels; ``deferred``: the reducer's
+        cross-rank check waits for the local encode), made after a call ran the
+        general path: a :class:`RepeatPlan` whose ``reduce`` takes the very
+        steps, collectives and bits of that path with what does not change
+        from call to call made once.  None (the default): every call takes
+        the general path."""
+        return None
+
     def exchange(self, work: Contribution, out: np.ndarray, state: KeyState,
                  ctx: ReduceContext) -> None:
         """Write the sum over ranks of the contributions into ``out``; encode
@@ -341,6 +352,19 @@ class Algorithm:
         raise NotImplementedError
 
     def reduce_device(self, x, out, backend, state, ctx) -> None:  # pragma: no cover
+        raise NotImplementedError
+
+
+class RepeatPlan:
+    """What an algorithm keeps for one key's repeated calls (see
+    :meth:`Algorithm.repeat_plan`)."""
+
+    def reduce(self, x: np.ndarray, out: np.ndarray, state: KeyState, call: CallStats,
+               seed: int, shape: tuple, memory: Memory, finite: bool,
+               agree: Optional[Callable[[Optional[BaseException]], None]]) -> None:
+        """:meth:`Algorithm.reduce` of step ``state.step`` (``finite``: the
+        reducer scanned ``x``; its check deferred into ``agree``, or none),
+        accounted in ``call``."""
         raise NotImplementedError
 
 

@@ -273,6 +273,75 @@ def _joined(packets: Sequence[np.ndarray]) -> Optional[np.ndarray]:
     return root[start:start + total]
 
 
+class FixedExchange:
+    """The all-to-all and the allgather of a call repeated with fixed packet
+    sizes (``twoshot``'s plan of a key): counts, displacements, the send
+    buffer and both receive buffers made once, the received packets views
+    of them made once.  The MPI calls, timing and byte accounting are
+    :class:`Transport`'s plain ones (``MPI_Alltoallv`` / ``MPI_Allgatherv``,
+    non-blocking and waited for under :func:`set_wait_interval`), so a rank
+    on this path and one on Transport's enter the same collectives; only
+    where those apply (:meth:`fits`).  The received packets are valid until
+    the next exchange; packets beyond :data:`hpccomm.collectives.twoshot.IN_PLACE_BYTES`
+    go to MPI where they lie instead, so the plan is for small calls."""
+
+    def __init__(self, comm: MPI.Comm, send_sizes: Sequence[int], recv_sizes: Sequence[int],
+                 gather_sizes: Sequence[int]):
+        self.comm = comm
+        self.rank = r = comm.Get_rank()
+        self.send_counts = [int(c) for c in send_sizes]
+        self.recv_counts = [int(c) for c in recv_sizes]
+        self.gather_counts = [int(c) for c in gather_sizes]
+        self.sendbuf = _new_bytes(sum(self.send_counts))
+        self._send_at = [(d, d + c) for d, c in zip(_prefix(self.send_counts), self.send_counts)]
+        recvbuf = _new_bytes(sum(self.recv_counts))
+        gatherbuf = _new_bytes(sum(self.gather_counts))
+        rd, gd = _prefix(self.recv_counts), _prefix(self.gather_counts)
+        self._a2a = ([self.sendbuf, (self.send_counts, _prefix(self.send_counts)), MPI.BYTE],
+                     [recvbuf, (self.recv_counts, rd), MPI.BYTE])
+        self._gather_recv = [gatherbuf, (self.gather_counts, gd), MPI.BYTE]
+        self.received = Received(recvbuf, self.recv_counts, rd)
+        self.gathered = Received(gatherbuf, self.gather_counts, gd)
+        self._a2a_bytes = (sum(self.send_counts) - self.send_counts[r],
+                           sum(self.recv_counts) - self.recv_counts[r])
+        self._gather_bytes = sum(self.gather_counts) - self.gather_counts[r]
+
+    @staticmethod
+    def fits() -> bool:
+        """Whether :class:`Transport` makes plain calls here: with MPI-4 large
+        counts (below them it runs every all-to-all as ``MPI_Alltoallw``)."""
+        return NATIVE_LARGE_COUNTS
+
+    def alltoallv(self, packets: Sequence[np.ndarray], call: CallStats) -> "Received":
+        """``packets[j]`` (of the fixed sizes) to rank ``j``; the packets received."""
+        t0 = time.perf_counter()
+        for (lo, hi), p in zip(self._send_at, packets):
+            self.sendbuf[lo:hi] = p
+        if _interval() is None:
+            self.comm.Alltoallv(*self._a2a)
+        else:
+            wait_all([self.comm.Ialltoallv(*self._a2a)])
+        call.t_comm += time.perf_counter() - t0
+        call.sent(self._a2a_bytes[0])
+        call.received(self._a2a_bytes[1])
+        return self.received
+
+    def allgatherv(self, packet: np.ndarray, call: CallStats) -> "Received":
+        """This rank's ``packet`` (of its fixed size) to every rank; every
+        rank's, by source."""
+        t0 = time.perf_counter()
+        send = [packet, MPI.BYTE]
+        if _interval() is None:
+            self.comm.Allgatherv(send, self._gather_recv)
+        else:
+            wait_all([self.comm.Iallgatherv(send, self._gather_recv)])
+        call.t_comm += time.perf_counter() - t0
+        call.sent(self._gather_bytes)
+        call.received(self._gather_bytes)
+        call.modelled = True
+        return self.gathered
+
+
 class Transport:
     """The MPI calls of one collective call on ``comm`` (see the module
     docstring), accounted in ``call``.  ``count_limit`` is the largest count

@@ -57,7 +57,10 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ..communicators import spans_one_node
-from .base import Algorithm, chunk_bounds, register_algorithm
+from ..stats import CallStats
+from .base import (Algorithm, Contribution, ReduceContext, RepeatPlan, chunk_bounds,
+                   register_algorithm)
+from .transport import FixedExchange, Transport
 
 #: elements per segment of ``segments="auto"`` across nodes (8 MiB of float32)
 SEGMENT_ELEMENTS = 1 << 21
@@ -172,22 +175,17 @@ class TwoShot(Algorithm):
                 self._pipelined(work, out, state, ctx, S)
             return
         bounds, fixed, recv_sizes = self._plan(n, ctx.shape, state)
+        in_place = fixed is not None and sum(fixed) > IN_PLACE_BYTES
+        if fused_owner:
+            self._fused_exchange(
+                work, out, state, ctx, bounds,
+                lambda packets: net.alltoallv(packets, recv_sizes, in_place=in_place),
+                lambda packet: net.allgatherv(packet, fixed))
+            return
         with call.time("encode"):
             packets = work.encode_chunks(bounds, ctx, r)
-        received = net.alltoallv(packets, recv_sizes,
-                                 in_place=fixed is not None and sum(fixed) > IN_PLACE_BYTES)
+        received = net.alltoallv(packets, recv_sizes, in_place=in_place)
         lo, hi = bounds[r], bounds[r + 1]
-        if fused_owner:
-            e, e_out = self._owner_buffers(owner, state, hi - lo)
-            owner_packet = self._fused_owner(received, out, lo, hi, e, e_out, ctx)
-            gathered = net.allgatherv(owner_packet, fixed)
-            with call.time("decode"):
-                for j in range(P):
-                    if j != r:  # the own chunk was written by the owner step
-                        codec.decode(gathered[j], out[bounds[j]:bounds[j + 1]])
-            if owner.enabled:
-                owner.commit_fused(state, "owner")
-            return
         with call.time("decode"):
             acc = self.scratch("acc", hi - lo)
             acc[:] = 0
@@ -204,6 +202,43 @@ class TwoShot(Algorithm):
             for j in range(P):
                 codec.decode(gathered[j], out[bounds[j]:bounds[j + 1]])
         owner.update(state, "owner", w, out[lo:hi])
+
+    def _fused_exchange(self, work, out, state, ctx, bounds, alltoallv, allgatherv):
+        """Steps 2-5 in one segment with the codec's owner step;
+        ``alltoallv(packets)`` and ``allgatherv(packet)`` move the bytes (the
+        call's :class:`~hpccomm.collectives.transport.Transport`, or a
+        repeated call's :class:`~hpccomm.collectives.transport.FixedExchange`)."""
+        codec, call, P, r = self.codec, ctx.call, self.size, self.rank
+        with call.time("encode"):
+            packets = work.encode_chunks(bounds, ctx, r)
+        received = alltoallv(packets)
+        lo, hi = bounds[r], bounds[r + 1]
+        owner = ctx.memory.owner
+        e, e_out = self._owner_buffers(owner, state, hi - lo)
+        owner_packet = self._fused_owner(received, out, lo, hi, e, e_out, ctx)
+        gathered = allgatherv(owner_packet)
+        with call.time("decode"):
+            for j in range(P):
+                if j != r:  # the own chunk was written by the owner step
+                    codec.decode(gathered[j], out[bounds[j]:bounds[j + 1]])
+        if owner.enabled:
+            owner.commit_fused(state, "owner")
+
+    def repeat_plan(self, comm, n, shape, state, memory, deferred):
+        """A :class:`TwoShotPlan` where the general path sends fixed-size
+        packets in one segment through the codec's owner step, without
+        derived datatypes and not where they lie (small calls); else None."""
+        codec = self.codec
+        owner = memory.owner
+        if (self.size == 1 or getattr(codec, "owner_step", None) is None
+                or not (owner.fusable or not owner.enabled)
+                or (not deferred and self.segment_count(n, shape) != 1)
+                or not FixedExchange.fits()):
+            return None
+        bounds, fixed, recv_sizes = self._plan(n, shape, state)
+        if fixed is None or sum(fixed) > IN_PLACE_BYTES:
+            return None
+        return TwoShotPlan(self, bounds, FixedExchange(comm, fixed, recv_sizes, fixed))
 
     def _pipelined(self, work, out, state, ctx, S):
         """Steps 2-5 in ``S`` segments with non-blocking transfers (see the
@@ -331,3 +366,28 @@ class TwoShot(Algorithm):
         with ctx.call.time("encode"):
             return self.codec.owner_step(received, e, e_out, out[lo:hi],
                                          ctx.encode_context(self.size + self.rank, lo))
+
+
+class TwoShotPlan(RepeatPlan):
+    """A key's repeated small ``twoshot`` call: the steps of
+    :meth:`TwoShot._fused_exchange`, the general path's own code, with the
+    chunk plan, the buffers and MPI arguments of both transfers
+    (:class:`~hpccomm.collectives.transport.FixedExchange`) and a transport
+    made once -- what the general path spends per call building them."""
+
+    def __init__(self, algorithm: TwoShot, bounds, exchange: FixedExchange):
+        self.algorithm = algorithm
+        self.bounds = bounds
+        self.exchange = exchange
+        self.net = Transport(exchange.comm, CallStats())
+
+    def reduce(self, x, out, state, call, seed, shape, memory, finite, agree):
+        alg, net, exchange = self.algorithm, self.net, self.exchange
+        net.call = call    # the transport is this plan's; its accounting is the call's
+        ctx = ReduceContext(net=net, memory=memory, seed=seed, step=state.step, shape=shape,
+                            finite=finite, agree=agree)
+        work = Contribution(alg.codec, memory, state, x, alg.scratch, alg.fuses_feedback, finite)
+        alg._fused_exchange(work, out, state, ctx, self.bounds,
+                            lambda packets: exchange.alltoallv(packets, call),
+                            lambda packet: exchange.allgatherv(packet, call))
+        work.commit(call)

@@ -1,0 +1,118 @@
+"""The reducer's plan of a repeated compressed call: a key whose call ran
+``twoshot`` with fixed-size packets in one segment repeats it through the
+algorithm's plan (:meth:`hpccomm.collectives.twoshot.TwoShot.repeat_plan`).
+It must give the bits, residuals, step counts and byte counts of the general
+path for every kind of ``out``, and stay collectively compatible with it: a
+rank that falls back (another ``out``, a NaN; another shape:
+tests/test_lean_path_mpi.py) still meets the others in the same collectives
+and raises the same error."""
+import numpy as np
+import pytest
+
+import hpccomm
+
+from .helpers import (COMM, OUT_MODES, RANK, SIZE, digest, input_and_out, raise_everywhere,
+                      rank_data)
+
+pytestmark = pytest.mark.mpi
+
+#: codecs with fixed-size packets and an owner step
+PLANNED = ["onebit", "fp16", "bf16", "qsgd", "terngrad", "fp8"]
+
+
+def run(reducer, steps, n=1001, out_mode="new", key="g"):
+    """``steps`` calls of one key; digests of results and the saved residuals."""
+    got = []
+    for step in range(steps):
+        x, out = input_and_out(n, step, out_mode)
+        res = reducer(x, key=key, out=out)
+        if out is not None:
+            assert res is out
+        got.append(digest(res))
+    saved = reducer.state_dict()["keys"][key]
+    return got, {k: digest(v) for k, v in saved["residuals"].items()}, saved["step"]
+
+
+@pytest.mark.parametrize("codec", PLANNED)
+@pytest.mark.parametrize("ef", [True, False])
+@pytest.mark.parametrize("check", ["always", "first"])
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_repeated_calls_take_the_plan_with_the_general_paths_bits(codec, ef, check, op):
+    """Against ``fused=False`` (the three-step reference, never planned):
+    results, residuals, steps and bytes, call by call."""
+    runs, stats = {}, {}
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=fused,
+                                     error_feedback=ef, check=check, op=op)
+        runs[fused] = run(reducer, 5)
+        stats[fused] = (reducer.stats.calls, reducer.stats.bytes_sent, reducer.stats.bytes_recv,
+                        reducer.stats.last.modelled)
+        if fused:
+            assert reducer.repeat_path("g") == ("plan" if SIZE > 1 else None)
+    assert runs[True] == runs[False]
+    assert stats[True] == stats[False]
+
+
+@pytest.mark.parametrize("out_mode", OUT_MODES)
+def test_every_kind_of_out(out_mode):
+    """``out`` the input itself or overlapping it runs the general path, a
+    separate one the plan: the same bits either way."""
+    got = {}
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec="onebit", algorithm="twoshot", fused=fused)
+        got[fused] = run(reducer, 4, out_mode=out_mode)
+    assert got[True] == got[False]
+
+
+@pytest.mark.mpi(min_size=2)
+def test_a_rank_on_the_general_path_meets_the_others_on_the_plan():
+    """Rank 0 passes an ``out`` that overlaps its input (the general path),
+    the others a separate one (the plan): the same collectives, the
+    reference's bits."""
+    got = {}
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec="qsgd", algorithm="twoshot", fused=fused,
+                                     error_feedback=True)
+        got[fused] = run(reducer, 4, out_mode="overlapping" if RANK == 0 else "separate")
+    assert got[True] == got[False]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("codec", ["onebit", "qsgd"])   # the check deferred / made before
+def test_nan_on_one_rank_after_planned_calls_is_raised_everywhere(codec):
+    """A NaN on one rank: its fused encode counts it (onebit with error
+    feedback: the check waits for the encode) or the reducer's scan finds it
+    (qsgd without): every rank raises the same error, and the key goes on
+    working with the reference's bits."""
+    reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot")
+    ref = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=False)
+    x = rank_data(777)
+    for _ in range(3):
+        assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
+    assert reducer.repeat_path("g") == "plan"
+    bad = x.copy()
+    if RANK == SIZE - 1:
+        bad[5] = np.nan
+    (name, message), same = raise_everywhere(lambda: reducer(bad, key="g"))
+    assert same and name == "NonFiniteError" and f"rank {SIZE - 1}" in message, message
+    assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
+
+
+def test_reset_and_load_state_dict_drop_the_plan():
+    """The plan holds the key's state: after ``reset`` and ``load_state_dict``
+    the next calls go on from the right residuals and step."""
+    reducer = hpccomm.Allreducer(COMM, codec="onebit", algorithm="twoshot")
+    ref = hpccomm.Allreducer(COMM, codec="onebit", algorithm="twoshot", fused=False)
+    x = rank_data(300)
+    for _ in range(3):
+        assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
+    saved, ref_saved = reducer.state_dict(), ref.state_dict()
+    reducer.reset("g")
+    ref.reset("g")
+    assert reducer.repeat_path("g") is None
+    assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
+    reducer.load_state_dict(saved)
+    ref.load_state_dict(ref_saved)
+    for _ in range(2):
+        assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
+    assert reducer.state_dict()["keys"]["g"]["step"] == 5
