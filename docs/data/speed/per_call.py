@@ -1,6 +1,6 @@
 """Per-call time of a small compressed allreduce (the results' "Per-call overhead").
 
-    mpiexec -n 2 python docs/data/speed/per_call.py CODEC N [prof]
+    mpiexec -n 2 python docs/data/speed/per_call.py CODEC N [prof] [check=first]
 
 An Allreducer(codec, algorithm="twoshot") called with key and out= in a loop:
 300 warm-up calls, then the median of 3000, slowest rank; the phase split from
@@ -21,8 +21,9 @@ import hpccomm
 comm = MPI.COMM_WORLD
 codec = sys.argv[1] if len(sys.argv) > 1 else "onebit"
 n = int(sys.argv[2]) if len(sys.argv) > 2 else 1024
-prof = len(sys.argv) > 3 and sys.argv[3] == "prof"
-r = hpccomm.Allreducer(comm, codec=codec, algorithm="twoshot")
+prof = "prof" in sys.argv[3:]
+check = next((a.split("=", 1)[1] for a in sys.argv[3:] if a.startswith("check=")), "always")
+r = hpccomm.Allreducer(comm, codec=codec, algorithm="twoshot", check=check)
 x = np.random.default_rng(comm.rank).standard_normal(n).astype(np.float32)
 out = np.empty_like(x)
 for _ in range(300):
@@ -46,7 +47,7 @@ st = r.stats
 med = comm.allreduce(np.median(ts), op=MPI.MAX)
 if comm.rank == 0:
     c = st.calls
-    print(f"{codec} n={n} median per call {med * 1e6:.1f} us")
+    print(f"{codec} n={n} check={check} median per call {med * 1e6:.1f} us")
     print(f"per call (mean): encode {st.t_encode / c * 1e6:.1f} comm {st.t_comm / c * 1e6:.1f} "
           f"decode {st.t_decode / c * 1e6:.1f} total {st.t_total / c * 1e6:.1f} us")
 a = np.zeros(4, np.int64)
