@@ -92,7 +92,8 @@ def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
     """``count`` elements of ``dtype`` at byte ``offset`` of every packet, as
     the rows of one read-only 2-D array: a strided view when the packets lie
     equally spaced in one buffer (a list with ``buffer`` and ``stride``
-    attributes, as the transport's all-to-all returns them), else a copy."""
+    attributes, as the transport's all-to-all returns them), else a copy
+    with rows as strided."""
     dtype = np.dtype(dtype)
     stride = getattr(packets, "stride", None)
     if stride and stride % dtype.itemsize == 0 and count * dtype.itemsize + offset <= stride:
@@ -100,8 +101,14 @@ def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
                           strides=(stride, dtype.itemsize))
         rows.flags.writeable = False
         return rows
-    rows = [p[offset:offset + count * dtype.itemsize].view(dtype) for p in packets]
-    return np.stack(rows) if rows else np.empty((0, count), dtype)
+    # a copy laid out like the view (rows one element apart more than their
+    # length, read-only), so that kernels see one array type either way and
+    # numba compiles them once, not once per layout
+    rows = np.empty((len(packets), count + 1), dtype)[:, :count]
+    for row, p in zip(rows, packets):
+        row[:] = p[offset:offset + count * dtype.itemsize].view(dtype)
+    rows.flags.writeable = False
+    return rows
 
 
 class Codec:
