@@ -140,6 +140,31 @@ def test_fused_kernels_give_the_reference_bits(codec, options, algorithm, shape,
     assert got[True] == got[False]
 
 
+@pytest.mark.parametrize("ef", [True, False])
+@pytest.mark.parametrize("codec,options", [("topk", {}), ("topk", {"exact": True}), ("dgc", {}),
+                                           ("dgc", {"ratio": 0.01, "max_iters": 2})])
+def test_sampled_sparsifiers_owner_step_gives_the_reference_bits(codec, options, ef):
+    """topk's and dgc's fused owner step where every chunk's threshold comes
+    from a sample (chunks of 40 000 and more: one pass over ``acc + e``)
+    against the three steps (``fused=False``), over steps with residuals;
+    ties, zeros and large values where the samples look."""
+    n = 200_003
+    got = {}
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=fused,
+                                     error_feedback=ef, **options)
+        hashes = []
+        for step in range(3):
+            x = np.random.default_rng(100 * step + RANK).standard_normal(n).astype(np.float32)
+            x[::9] = 0.0
+            x[1::13] = np.float32(0.5)
+            x[::997] = np.float32(6.0)
+            hashes.append(digest(reducer(x, key="g")))
+        saved = reducer.state_dict()["keys"]["g"]["residuals"]
+        got[fused] = (hashes, {k: digest(v) for k, v in saved.items()})
+    assert got[True] == got[False]
+
+
 #: options that make the sparsifiers send something at these sizes
 PIPELINE_OPTIONS = {"topk": {"ratio": 0.05}, "dgc": {"ratio": 0.05}, "randk": {"ratio": 0.1},
                     "threshold": {"alpha": 1.0}, "adaptive": {"proportion": 4}}

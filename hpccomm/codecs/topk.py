@@ -170,17 +170,12 @@ class PairCodec(SparseCodec):
         idx, vals = K.select_abs_ge(x, t, idt)
         return self._finish(x, t, idx, vals, k)
 
-    def encode_with_feedback(self, x, e, e_out, ctx):
-        """The packet of ``v = x + e`` and ``e_out = v - decode(packet)``
-        without a dense decode.  Where the threshold comes from a sample, in
-        one pass over ``x`` and ``e`` (:func:`~hpccomm.kernels.sparsify.compensate_select`:
-        ``v`` written to ``e_out``, its candidates at the sample's threshold
-        collected, NaN/Inf counted), else ``v`` formed in ``e_out`` and
-        selected from there; then only the sent entries are corrected
-        (``e_out[idx] -= vals``, :func:`~hpccomm.kernels.sparsify.subtract_at`;
-        ``v - 0.0 == v`` elsewhere).  The bits of
-        the three steps."""
-        x, e, e_out = self._feedback_arrays(x, e, e_out)
+    def _select_compensated(self, x, e, e_out, ctx):
+        """The pairs of ``v = x + e`` (``v = x`` for ``e=None``), ``v`` written
+        to ``e_out``: where the threshold comes from a sample, in one pass over
+        ``x`` and ``e`` (:func:`~hpccomm.kernels.sparsify.compensate_select`:
+        its candidates at the sample's threshold collected, NaN/Inf counted),
+        else ``v`` formed in ``e_out`` and selected from there."""
         n = x.size
         k = self.max_count(n)
         s = self._sample_size(n, k) if k else n
@@ -190,15 +185,49 @@ class PairCodec(SparseCodec):
             idx, vals, bad = K.compensate_select(x, e, e_out, t, index_dtype(n),
                                                  np.count_nonzero(sample >= t) / s)
             self._raise_nonfinite(bad)
-            idx, vals = self._finish(e_out, t, idx, vals, k)
+            return self._finish(e_out, t, idx, vals, k)
+        if e is None:
+            np.copyto(e_out, x)
         else:
-            if e is None:
-                np.copyto(e_out, x)
-            else:
-                np.add(x, e, out=e_out)
-            idx, vals = self._pairs(self._check_input(e_out), ctx)
-        packet = pack_pairs(self, n, idx, vals)
+            np.add(x, e, out=e_out)
+        return self._pairs(self._check_input(e_out), ctx)
+
+    def encode_with_feedback(self, x, e, e_out, ctx):
+        """The packet of ``v = x + e`` and ``e_out = v - decode(packet)``
+        without a dense decode: :meth:`_select_compensated`, then only the
+        sent entries are corrected (``e_out[idx] -= vals``,
+        :func:`~hpccomm.kernels.sparsify.subtract_at`; ``v - 0.0 == v``
+        elsewhere).  The bits of the three steps."""
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
+        idx, vals = self._select_compensated(x, e, e_out, ctx)
+        packet = pack_pairs(self, x.size, idx, vals)
         K.subtract_at(e_out, idx, vals)
+        return packet
+
+    def owner_step(self, received, e, e_out, out, ctx):
+        """The owner stage of ``twoshot``: every received packet validated
+        (header, size, indices) before anything is written; their pairs
+        added in rank order into ``out`` (zeroed: ``acc``); the pairs of
+        ``w = acc + e`` with ``w`` in ``e_out`` (:meth:`_select_compensated`;
+        ``e_out=None``: no owner residual, ``w = acc``, selected in place);
+        then ``out = decode(packet)`` and ``e_out -= decode(packet)`` at the
+        sent entries.  About two passes over the chunk where the separate
+        steps make eight; the bits of decode-add, compensate, re-encode,
+        decode and subtract.  Returns the packet."""
+        pairs = [unpack_pairs(self, packet, self.check_packet(packet, out))
+                 for packet in received]
+        out[:] = 0
+        for idx, vals in pairs:
+            K.scatter(out, idx, vals, True)
+        if e_out is None:
+            idx, vals = self._pairs(self._check_input(out), ctx)
+        else:
+            idx, vals = self._select_compensated(out, e, e_out, ctx)
+        packet = pack_pairs(self, out.size, idx, vals)
+        out[:] = 0
+        K.scatter(out, idx, vals, False)
+        if e_out is not None:
+            K.subtract_at(e_out, idx, vals)
         return packet
 
 
