@@ -49,6 +49,12 @@ the ranks' own cores, and nothing overlaps (``docs/results/overlap.md``).  So
 calls keep the reducer's separate NaN/Inf scan (nothing may be sent before
 every rank has checked its input, and the pipeline sends before the encode
 is done).
+
+Repeated small calls (:meth:`TwoShot.repeat_plan`).  A key whose call sent
+fixed-size packets in one segment, joined into one send buffer, keeps a
+:class:`TwoShotPlan`: the chunk plan, a transport and both transfers' buffers,
+counts and MPI arguments, made once; its next calls run the same steps 2-5
+(:meth:`TwoShot._fused_exchange`) through them, with the same collectives.
 """
 
 from dataclasses import replace
