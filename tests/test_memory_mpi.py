@@ -142,12 +142,14 @@ def test_fused_kernels_give_the_reference_bits(codec, options, algorithm, shape,
 
 @pytest.mark.parametrize("ef", [True, False])
 @pytest.mark.parametrize("codec,options", [("topk", {}), ("topk", {"exact": True}), ("dgc", {}),
-                                           ("dgc", {"ratio": 0.01, "max_iters": 2})])
+                                           ("dgc", {"ratio": 0.01, "max_iters": 2}),
+                                           ("threshold", {}), ("threshold", {"tau": 0.5})])
 def test_sampled_sparsifiers_owner_step_gives_the_reference_bits(codec, options, ef):
-    """topk's and dgc's fused owner step where every chunk's threshold comes
-    from a sample (chunks of 40 000 and more: one pass over ``acc + e``)
-    against the three steps (``fused=False``), over steps with residuals;
-    ties, zeros and large values where the samples look."""
+    """The sparsifiers' fused owner steps on chunks of 40 000 and more (topk's
+    and dgc's thresholds then come from a sample: one pass over ``acc +
+    e``; threshold's ``alpha`` from the sum of squares of ``acc``) against
+    the three steps (``fused=False``), over steps with residuals; ties, zeros
+    and large values where the samples look."""
     n = 200_003
     got = {}
     for fused in (True, False):

@@ -187,8 +187,36 @@ class Threshold(SparseCodec):
         K.subtract_sign_quanta(e_out, idx, vals, tau)
         return packet
 
+    def owner_step(self, received, e, e_out, out, ctx):
+        """The owner stage of ``twoshot``: every received packet validated
+        (:meth:`_words`) before anything is written; their quanta added in
+        rank order into ``out`` (zeroed: ``acc``); ``w = acc + e`` formed in
+        ``e_out`` with the sum of squares of the fresh ``acc`` (for ``alpha``)
+        in one pass, its quanta selected and subtracted at the sent entries
+        (``e_out=None``: no owner residual, ``w = acc`` selected in place);
+        then ``out = decode(packet)``.  The bits of decode-add, compensate,
+        re-encode (``ctx.fresh = acc``), decode and subtract.  Returns the
+        packet."""
+        quanta = [self._words(packet, self.check_packet(packet, out)) for packet in received]
+        out[:] = 0
+        for tau, words in quanta:
+            K.scatter_sign_words(words, tau, out, True)
+        if e_out is None:
+            tau, idx, vals = self._select(self._check_input(out), ctx)
+        else:
+            bad, ss = K.compensate(out, e, e_out, squares=self.tau is None)
+            self._raise_nonfinite(bad)
+            tau, idx, vals = self._select(e_out, ctx, ss if self.tau is None else None)
+            K.subtract_sign_quanta(e_out, idx, vals, tau)
+        packet = self._packet(out.size, tau, idx, vals)
+        self._decode_into(packet, self.check_packet(packet, out), out, False)
+        return packet
+
     # -- decode ----------------------------------------------------------------
-    def _decode_into(self, packet, header, out, add):
+    def _words(self, packet, header):
+        """``(tau, words)`` of a size-checked packet, validated: ``tau``
+        finite and not negative, zero padding, word indices strictly
+        increasing inside ``[0, n)``."""
         n, m = int(header["n"]), int(header["extra"])
         tau = payload_view(packet, HEADER_SIZE, np.float32, 1)[0]
         pad = payload_view(packet, HEADER_SIZE + 4, np.uint32, 1)[0]
@@ -198,6 +226,10 @@ class Threshold(SparseCodec):
         if not K.sign_words_valid(words, n):
             raise PacketError(f"{self.name}: word indices are not strictly increasing "
                               f"inside [0, {n})")
+        return tau, words
+
+    def _decode_into(self, packet, header, out, add):
+        tau, words = self._words(packet, header)
         if not add:
             out[:] = 0
         K.scatter_sign_words(words, tau, out, add)

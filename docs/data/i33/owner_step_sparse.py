@@ -1,4 +1,4 @@
-"""topk's and dgc's owner step on one chunk, one thread: the fused
+"""The sparsifiers' owner step on one chunk, one thread: the fused
 ``owner_step`` against the separate steps of twoshot's general path
 (decode-add of P packets, compensate, re-encode, decode, residual).
 
@@ -6,6 +6,7 @@
 """
 import sys
 import time
+from dataclasses import replace
 
 import numba
 import numpy as np
@@ -30,7 +31,7 @@ def median_ms(f, reps=7):
     return 1e3 * float(np.median(ts))
 
 
-for name in ("topk", "dgc"):
+for name in ("topk", "dgc", "threshold"):
     codec = hpccomm.get_codec(name)
     received = [codec.encode(rng.standard_normal(m).astype(np.float32),
                              EncodeContext(seed=1, rank=j)) for j in range(P)]
@@ -47,7 +48,7 @@ for name in ("topk", "dgc"):
         for p in received:
             codec.decode_add(p, acc)
         np.add(acc, e, out=w)
-        packet = codec.reencode(w, ctx)
+        packet = codec.reencode(w, replace(ctx, fresh=acc))   # the owner's fresh part
         codec.decode(packet, out)
         np.subtract(w, out, out=e_out)
 
