@@ -116,3 +116,17 @@ def test_reset_and_load_state_dict_drop_the_plan():
     for _ in range(2):
         assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
     assert reducer.state_dict()["keys"]["g"]["step"] == 5
+
+
+def test_only_small_calls_get_a_plan():
+    """A plan keeps its buffers with the key: packets of more than
+    ``PLAN_BYTES`` (all chunks together) take the general path every call."""
+    from hpccomm.collectives.twoshot import PLAN_BYTES
+
+    reducer = hpccomm.Allreducer(COMM, codec="fp16", algorithm="twoshot")
+    small, large = PLAN_BYTES // 4, PLAN_BYTES   # 2-byte codes: under and over the limit
+    for key, n in (("small", small), ("large", large)):
+        for _ in range(2):
+            reducer(rank_data(n), key=key)
+    assert reducer.repeat_path("small") == ("plan" if SIZE > 1 else None)
+    assert reducer.repeat_path("large") is None

@@ -282,8 +282,8 @@ class FixedExchange:
     non-blocking and waited for under :func:`set_wait_interval`), so a rank
     on this path and one on Transport's enter the same collectives; only
     where those apply (:meth:`fits`).  The received packets are valid until
-    the next exchange; packets beyond :data:`hpccomm.collectives.twoshot.IN_PLACE_BYTES`
-    go to MPI where they lie instead, so the plan is for small calls."""
+    the next exchange.  The buffers stay as long as the plan: it is for
+    small calls (:data:`hpccomm.collectives.twoshot.PLAN_BYTES`)."""
 
     def __init__(self, comm: MPI.Comm, send_sizes: Sequence[int], recv_sizes: Sequence[int],
                  gather_sizes: Sequence[int]):

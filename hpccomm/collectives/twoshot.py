@@ -51,7 +51,7 @@ every rank has checked its input, and the pipeline sends before the encode
 is done).
 
 Repeated small calls (:meth:`TwoShot.repeat_plan`).  A key whose call sent
-fixed-size packets in one segment, joined into one send buffer, keeps a
+fixed-size packets of at most :data:`PLAN_BYTES` in one segment keeps a
 :class:`TwoShotPlan`: the chunk plan, a transport and both transfers' buffers,
 counts and MPI arguments, made once; its next calls run the same steps 2-5
 (:meth:`TwoShot._fused_exchange`) through them, with the same collectives.
@@ -75,6 +75,11 @@ MAX_SEGMENTS = 16
 #: packets of more bytes than this (all chunks together) go to MPI where they
 #: lie rather than copied into one send buffer first
 IN_PLACE_BYTES = 1 << 20
+#: packets of at most this many bytes (all chunks together) get a plan for
+#: their key's repeated calls: its buffers, about three times this, stay with
+#: the key, and above it the per-call Python the plan saves is small next to
+#: the kernels
+PLAN_BYTES = 64 << 10
 
 
 @register_algorithm
@@ -232,8 +237,8 @@ class TwoShot(Algorithm):
 
     def repeat_plan(self, comm, n, shape, state, memory, deferred):
         """A :class:`TwoShotPlan` where the general path sends fixed-size
-        packets in one segment through the codec's owner step, without
-        derived datatypes and not where they lie (small calls); else None."""
+        packets of at most :data:`PLAN_BYTES` in one segment through the
+        codec's owner step, without derived datatypes; else None."""
         codec = self.codec
         owner = memory.owner
         if (self.size == 1 or getattr(codec, "owner_step", None) is None
@@ -242,7 +247,7 @@ class TwoShot(Algorithm):
                 or not FixedExchange.fits()):
             return None
         bounds, fixed, recv_sizes = self._plan(n, shape, state)
-        if fixed is None or sum(fixed) > IN_PLACE_BYTES:
+        if fixed is None or sum(fixed) > PLAN_BYTES:
             return None
         return TwoShotPlan(self, bounds, FixedExchange(comm, fixed, recv_sizes, fixed))
 
