@@ -255,45 +255,23 @@ class TwoShot(Algorithm):
         """Steps 2-5 in ``S`` segments with non-blocking transfers (see the
         module docstring): encode ``s + 1`` while ``s`` is on the wire, owner
         step ``s``, decode ``s - 1`` after it."""
-        codec, net, call, P, r = self.codec, ctx.net, ctx.call, self.size, self.rank
+        r = self.rank
         plan = self._segment_plan(work.x.size, ctx.shape, S, state)
         bounds = self._plan(work.x.size, ctx.shape, state)[0]
         owner = ctx.memory.owner
         e, e_out = self._owner_buffers(owner, state, bounds[r + 1] - bounds[r])
         base = bounds[r]
 
-        def start_alltoall(s):
-            pieces, sizes = plan[s]
-            with call.time("encode"):
-                packets = [work.encode(lo, hi, ctx.encode_context(r, lo)) for lo, hi in pieces]
-            in_place = sizes is not None and sum(sizes) > IN_PLACE_BYTES
-            return net.ialltoallv(packets, None if sizes is None else [sizes[r]] * P,
-                                  in_place=in_place), packets
-
-        def decode(s, gathered):
-            with call.time("decode"):
-                for j, (lo, hi) in enumerate(plan[s][0]):
-                    if j != r:
-                        codec.decode(gathered[j], out[lo:hi])
-
-        a2a = [start_alltoall(0)]
-        gathers = []
-        for s in range(S):
-            if s + 1 < S:
-                a2a.append(start_alltoall(s + 1))
-            received = a2a[s][0].wait()
-            a2a[s] = None                       # its send packets may go
+        def owner_step(s, received):
             lo, hi = plan[s][0][r]
             sl = slice(lo - base, hi - base)
-            packet = self._fused_owner(received, out, lo, hi,
-                                       None if e is None else e[sl],
-                                       None if e_out is None else e_out[sl], ctx)
-            sizes = plan[s][1]
-            gathers.append((net.iallgatherv(packet, sizes), packet))
-            if s >= 1:
-                decode(s - 1, gathers[s - 1][0].wait())
-                gathers[s - 1] = None
-        decode(S - 1, gathers[S - 1][0].wait())
+            return self._fused_owner(received, out, lo, hi, None if e is None else e[sl],
+                                     None if e_out is None else e_out[sl], ctx)
+
+        arrived = self._alltoall_in_segments(
+            plan, ctx, lambda j, lo, hi: work.encode(lo, hi, ctx.encode_context(r, lo)))
+        self._allgather_in_segments(plan, out, ctx,
+                                    (owner_step(s, received) for s, received in arrived))
         if owner.enabled:
             owner.commit_fused(state, "owner")
 
@@ -306,7 +284,7 @@ class TwoShot(Algorithm):
         whole chunk; then phase 2, the allgather, with the owner's piece
         ``s + 1`` re-encoded while ``s`` is on the wire and piece ``s - 1``
         decoded after it."""
-        codec, net, call, P, r = self.codec, ctx.net, ctx.call, self.size, self.rank
+        codec, call, P, r = self.codec, ctx.call, self.size, self.rank
         plan = self._segment_plan(work.x.size, ctx.shape, S, state)
         bounds = self._plan(work.x.size, ctx.shape, state)[0]
         owner = ctx.memory.owner
@@ -318,29 +296,56 @@ class TwoShot(Algorithm):
             stats = [work.chunk_stat(bounds[j], bounds[j + 1], ctx.encode_context(r, bounds[j]))
                      for j in range(P)]
 
-        def start_alltoall(s):
+        # phase 1: the all-to-all, the owner's sum and moments piece by piece
+        acc = codec.owner_begin()
+        for s, received in self._alltoall_in_segments(
+                plan, ctx,
+                lambda j, lo, hi: work.encode_piece(lo, hi, stats[j], ctx.encode_context(r, lo))):
+            lo, hi = plan[s][0][r]
+            with call.time("encode"):
+                codec.owner_add(received, e, mine, lo - base, hi - base, acc)
+        with call.time("encode"):
+            ostat = codec.owner_stat(acc, e, mine, ctx.encode_context(P + r, base))
+
+        # phase 2: the owner's pieces re-encoded, the allgather, the decode
+        def owner_piece(s):
+            lo, hi = plan[s][0][r]
+            with call.time("encode"):
+                return codec.owner_encode_piece(e, e_out, mine, lo - base, hi - base, ostat,
+                                                ctx.encode_context(P + r, lo))
+
+        self._allgather_in_segments(plan, out, ctx, (owner_piece(s) for s in range(S)))
+        if owner.enabled:
+            owner.commit_fused(state, "owner")
+
+    def _alltoall_in_segments(self, plan, ctx, encode):
+        """The all-to-all of every segment of ``plan``, piece ``j`` of segment
+        ``s`` encoded by ``encode(j, lo, hi)``: yields ``(s, received)``, the
+        all-to-all of ``s + 1`` started before the one of ``s`` is waited for
+        (its send packets kept until then)."""
+        net, call, P, r = ctx.net, ctx.call, self.size, self.rank
+
+        def start(s):
             pieces, sizes = plan[s]
             with call.time("encode"):
-                packets = [work.encode_piece(lo, hi, stats[j], ctx.encode_context(r, lo))
-                           for j, (lo, hi) in enumerate(pieces)]
+                packets = [encode(j, lo, hi) for j, (lo, hi) in enumerate(pieces)]
             in_place = sizes is not None and sum(sizes) > IN_PLACE_BYTES
             return net.ialltoallv(packets, None if sizes is None else [sizes[r]] * P,
                                   in_place=in_place), packets
 
-        # phase 1: the all-to-all, the owner's sum and moments piece by piece
-        acc = codec.owner_begin()
-        a2a = [start_alltoall(0)]
-        for s in range(S):
-            if s + 1 < S:
-                a2a.append(start_alltoall(s + 1))
-            received = a2a[s][0].wait()
-            a2a[s] = None
-            lo, hi = plan[s][0][r]
-            with call.time("encode"):
-                codec.owner_add(received, e, mine, lo - base, hi - base, acc)
-        octx = ctx.encode_context(P + r, base)
-        with call.time("encode"):
-            ostat = codec.owner_stat(acc, e, mine, octx)
+        pending = start(0)
+        for s in range(len(plan)):
+            following = start(s + 1) if s + 1 < len(plan) else None
+            received = pending[0].wait()
+            pending = following
+            yield s, received
+
+    def _allgather_in_segments(self, plan, out, ctx, owner_packets):
+        """The allgather of the owner's packet of every segment (taken from
+        ``owner_packets`` in order: the owner step of a segment runs when its
+        packet is asked for) and the decode of the other ranks' pieces,
+        segment ``s - 1`` after the allgather of ``s`` is started."""
+        codec, net, call, r = self.codec, ctx.net, ctx.call, self.rank
 
         def decode(s, gathered):
             with call.time("decode"):
@@ -348,20 +353,13 @@ class TwoShot(Algorithm):
                     if j != r:
                         codec.decode(gathered[j], out[lo:hi])
 
-        # phase 2: the owner's pieces re-encoded, the allgather, the decode
-        gathers = []
-        for s in range(S):
-            lo, hi = plan[s][0][r]
-            with call.time("encode"):
-                packet = codec.owner_encode_piece(e, e_out, mine, lo - base, hi - base, ostat,
-                                                  ctx.encode_context(P + r, lo))
-            gathers.append((net.iallgatherv(packet, plan[s][1]), packet))
-            if s >= 1:
-                decode(s - 1, gathers[s - 1][0].wait())
-                gathers[s - 1] = None
-        decode(S - 1, gathers[S - 1][0].wait())
-        if owner.enabled:
-            owner.commit_fused(state, "owner")
+        gathering = None
+        for s, packet in enumerate(owner_packets):
+            started = (net.iallgatherv(packet, plan[s][1]), packet)
+            if gathering is not None:
+                decode(s - 1, gathering[0].wait())
+            gathering = started
+        decode(len(plan) - 1, gathering[0].wait())
 
     @staticmethod
     def _owner_buffers(owner, state, m):
