@@ -66,7 +66,6 @@ import numpy as np
 from .codecs.sparsifier import check_fraction
 from .codecs.base import EncodeContext
 from .codecs.dgc import dgc_select
-from .codecs.topk import top_count
 
 
 def warmup_density(epoch: int, ratio: float, warmup_epochs: int) -> float:
@@ -191,8 +190,7 @@ class DGCMomentum:
                 u += g
                 v += u
             flat = v.reshape(-1)
-            idx, vals = dgc_select(flat, top_count(density, flat.size), density,
-                                   self.sample_ratio, self.max_iters, ctx)
+            idx, vals = dgc_select(flat, density, self.sample_ratio, self.max_iters, ctx)
             send = np.zeros(flat.size, dtype=np.float32)
             send[idx] = vals
             out[name] = send.reshape(v.shape)

@@ -39,10 +39,9 @@ import math
 import numpy as np
 
 from ..kernels import sparsify as K
-from ..kernels.rng import stream_key
 from .sparsifier import check_fraction, index_dtype
 from .base import EncodeContext, register_codec
-from .topk import PairCodec, top_count
+from .topk import PairCodec
 
 SALT = 0x00646763  # "dgc"
 #: DGC's compress_lower_bound and threshold decay.  (Its compress_upper_bound,
@@ -80,20 +79,6 @@ def dgc_finish(x: np.ndarray, thr, idx: np.ndarray, vals: np.ndarray, k: int,
     return K.keep_largest(idx, vals, k)
 
 
-def dgc_select(x: np.ndarray, k: int, ratio: float, sample_ratio: float, max_iters: int,
-               ctx: EncodeContext):
-    """DGC's selection of at most ``k`` entries of ``x`` (steps 1-3 above):
-    ``(idx, vals)`` sorted by index."""
-    n = x.size
-    if k == 0:
-        return np.empty(0, index_dtype(n)), np.empty(0, np.float32)
-    s = dgc_sample_size(n, ratio, sample_ratio)
-    thr = dgc_threshold(K.strided_sample_abs(x, s, stream_key(ctx.seed, ctx.rank, ctx.step, SALT),
-                                             ctx.offset), ratio)
-    idx, vals = K.select_abs_ge(x, thr, index_dtype(n))
-    return dgc_finish(x, thr, idx, vals, k, max_iters)
-
-
 @register_codec
 class DGC(PairCodec):
     name = "dgc"
@@ -120,3 +105,10 @@ class DGC(PairCodec):
 
     def _finish(self, x, t, idx, vals, k):
         return dgc_finish(x, t, idx, vals, k, self.max_iters)
+
+
+def dgc_select(x: np.ndarray, ratio: float, sample_ratio: float, max_iters: int,
+               ctx: EncodeContext):
+    """DGC's selection of at most ``k = max(1, ceil(ratio n))`` entries of
+    ``x`` (steps 1-3 above), the codec's own: ``(idx, vals)`` sorted by index."""
+    return DGC(ratio, sample_ratio, max_iters)._pairs(x, ctx)
