@@ -209,7 +209,8 @@ class Threshold(SparseCodec):
             tau, idx, vals = self._select(e_out, ctx, ss if self.tau is None else None)
             K.subtract_sign_quanta(e_out, idx, vals, tau)
         packet = self._packet(out.size, tau, idx, vals)
-        self._decode_into(packet, self.check_packet(packet, out), out, False)
+        out[:] = 0      # decode(packet): its words are the ones just packed
+        K.scatter_sign_words(packet[PREFIX:].view(word_dtype(out.size)), tau, out, False)
         return packet
 
     # -- decode ----------------------------------------------------------------
