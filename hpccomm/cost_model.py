@@ -4,7 +4,7 @@
 A *profile* is what ``python -m hpccomm.bench calibrate`` measured on one
 machine and communicator size, as JSON::
 
-    {"format": 1,
+    {"format": 2,
      "machine": {"hosts": "<hash of the sorted host names>", "ranks": P, "mpi": "..."},
      "patterns": {"allreduce":  [[bytes, seconds], ...],
                   "alltoallv":  [[bytes, seconds], ...],
@@ -12,6 +12,7 @@ machine and communicator size, as JSON::
      "kernels": {"onebit": {"encode": [[n, seconds], ...], "owner": [...],
                             "decode": [...]}, ...},
      "overhead": {"dense": seconds, "twoshot": seconds, "allgather": seconds},
+     "calls": {"onebit": {"twoshot": seconds, "allgather": seconds}, ...},  (optional)
      "oversubscription": ranks per core on the busiest node (optional, >= 1)}
 
 Patterns: the median time of the slowest rank for a ladder of message sizes,
@@ -25,12 +26,19 @@ Kernels: the same kind of ladder over ``n`` float32 elements, interpolated the
 same way (in cache and beyond it they run at different speeds) -- ``encode``:
 the worker's encode (with error feedback where the codec fuses it),
 ``owner``: the owner step on a chunk of ``n`` with two packets, ``decode``: one
-decode; ``"*"`` is the fallback for codecs not measured.  ``overhead``: the
-Python of one call per algorithm (seconds; the reducer's own for ``dense``).
-``oversubscription``: with more ranks than cores on a node, a rank's kernel
-shares its core with ranks that busy-poll in MPI while they wait for it, so
-kernel times are multiplied by the ranks per core (the calibration measures
-each kernel with every rank computing at once, which this does not capture).
+decode; ``"*"`` is the fallback for codecs not measured.  Every rank of the
+communicator runs the kernel at the same moment (a barrier before each
+repetition) and the slowest rank's time counts, as inside a collective: with
+more ranks than cores on a node, or ranks sharing a memory bus, the kernels are
+measured sharing them, so the profile of ``P`` ranks carries the kernel terms
+of its ranks per core.  ``oversubscription`` records that number; format 1
+profiles, whose kernels were not measured in step, are scaled by it instead.
+
+Per-call cost: ``overhead`` is the Python of one call per algorithm with the
+``none`` codec (for ``dense``: the reducer's lean path); ``calls[codec][alg]``
+the same for a codec's own calls (validation, packet headers, dispatch into its
+kernels), measured as a whole call on 1024 elements less what the patterns and
+kernels predict for it.  A codec without an entry gets ``overhead``.
 
 Without a profile (or with one that cannot be read) the built-in
 :data:`DEFAULT` applies: this package's measurements on a 2-core shared-memory
@@ -47,7 +55,9 @@ import os
 import warnings
 from typing import List, Optional, Tuple
 
-FORMAT = 1
+FORMAT = 2
+#: formats :func:`validate` accepts (1: kernels scaled by ``oversubscription``)
+FORMATS = (1, 2)
 PATTERNS = ("allreduce", "alltoallv", "allgatherv")
 KERNELS = ("encode", "owner", "decode")
 
@@ -90,8 +100,8 @@ def _points(value, name) -> List[Tuple[float, float]]:
 
 def validate(data) -> dict:
     """``data`` checked against the schema (raises :class:`ProfileError`)."""
-    if not isinstance(data, dict) or data.get("format") != FORMAT:
-        raise ProfileError(f"not a format-{FORMAT} hpccomm profile")
+    if not isinstance(data, dict) or data.get("format") not in FORMATS:
+        raise ProfileError(f"not an hpccomm profile of format {' or '.join(map(str, FORMATS))}")
     patterns = data.get("patterns")
     if not isinstance(patterns, dict) or any(p not in patterns for p in PATTERNS):
         raise ProfileError(f"a profile needs the patterns {', '.join(PATTERNS)}")
@@ -113,6 +123,14 @@ def validate(data) -> dict:
             not isinstance(overhead.get(a), (int, float)) or not math.isfinite(overhead[a])
             or overhead[a] < 0 for a in ALGORITHMS):
         raise ProfileError(f"overhead must give seconds >= 0 for {', '.join(ALGORITHMS)}")
+    calls = data.get("calls", {})
+    if not isinstance(calls, dict) or any(
+            not isinstance(per, dict) or any(
+                a not in ALGORITHMS[1:] or not isinstance(t, (int, float))
+                or not math.isfinite(t) or t < 0 for a, t in per.items())
+            for per in calls.values()):
+        raise ProfileError("calls must map codecs to {algorithm: seconds >= 0} for "
+                           f"{', '.join(ALGORITHMS[1:])}")
     return data
 
 
@@ -159,7 +177,12 @@ class CostModel:
         self._kernels = {c: {k: _points(v[k], k) for k in KERNELS}
                          for c, v in profile["kernels"].items()}
         self.overhead = {a: float(profile["overhead"][a]) for a in ALGORITHMS}
+        self.calls = {c: {a: float(t) for a, t in per.items()}
+                      for c, per in profile.get("calls", {}).items()}
         self.oversubscription = float(profile.get("oversubscription", 1.0))
+        # format 2 measures the kernels in step on every rank (shared cores
+        # included); format 1 measured them apart and scaled by the ranks per core
+        self._kernel_scale = self.oversubscription if profile["format"] == 1 else 1.0
 
     # -- building blocks ---------------------------------------------------
     @staticmethod
@@ -180,27 +203,46 @@ class CostModel:
         costs = self._kernels.get(codec) or self._kernels.get("*")
         if costs is None:
             costs = {k: _points(v, k) for k, v in DEFAULT["kernels"]["*"].items()}
-        return self.oversubscription * self._interpolate(costs[step], n) if n > 0 else 0.0
+        return self._kernel_scale * self._interpolate(costs[step], n) if n > 0 else 0.0
 
-    # -- algorithms --------------------------------------------------------
-    def dense(self, n: int, itemsize: int = 4) -> float:
-        return self.overhead["dense"] + self.pattern("allreduce", n * itemsize)
+    def call_overhead(self, codec: str, algorithm: str) -> float:
+        """Seconds of Python per call of ``algorithm`` with ``codec``."""
+        return self.calls.get(codec, {}).get(algorithm, self.overhead[algorithm])
 
-    def twoshot(self, codec: str, n: int, P: int, chunk_bytes: float,
-                segments: int = 1) -> float:
+    # -- algorithms: the terms of a call -----------------------------------
+    # Each returns {"overhead", "kernels", "comm"}, which add up to the
+    # prediction; "comm" is the time in MPI that no kernel hides.
+    def dense_terms(self, n: int, itemsize: int = 4, reducer: bool = True) -> dict:
+        """``MPI_Allreduce`` of ``n`` values (``reducer``: through the lean path)."""
+        return {"overhead": self.overhead["dense"] if reducer else 0.0, "kernels": 0.0,
+                "comm": self.pattern("allreduce", n * itemsize)}
+
+    def twoshot_terms(self, codec: str, n: int, P: int, chunk_bytes: float,
+                      segments: int = 1) -> dict:
         m = n / P     # P chunk encodes, the owner step (two packets measured; more
         kernels = (P * self.kernel(codec, "encode", m) + self.kernel(codec, "owner", m)
                    + max(P - 2, 0) * self.kernel(codec, "decode", m)     # decode-add each)
                    + (P - 1) * self.kernel(codec, "decode", m))          # the other chunks
         wire = self.pattern("alltoallv", chunk_bytes) + self.pattern("allgatherv", chunk_bytes)
-        if segments > 1:
-            return self.overhead["twoshot"] + max(kernels, wire) + min(kernels, wire) / segments
-        return self.overhead["twoshot"] + kernels + wire
+        if segments > 1:     # the longer of the two and one segment of the other
+            wire = max(kernels, wire) + min(kernels, wire) / segments - kernels
+        return {"overhead": self.call_overhead(codec, "twoshot"), "kernels": kernels,
+                "comm": wire}
+
+    def allgather_terms(self, codec: str, n: int, P: int, packet_bytes: float) -> dict:
+        return {"overhead": self.call_overhead(codec, "allgather"),
+                "kernels": self.kernel(codec, "encode", n) + P * self.kernel(codec, "decode", n),
+                "comm": self.pattern("allgatherv", packet_bytes)}
+
+    def dense(self, n: int, itemsize: int = 4) -> float:
+        return sum(self.dense_terms(n, itemsize).values())
+
+    def twoshot(self, codec: str, n: int, P: int, chunk_bytes: float,
+                segments: int = 1) -> float:
+        return sum(self.twoshot_terms(codec, n, P, chunk_bytes, segments).values())
 
     def allgather(self, codec: str, n: int, P: int, packet_bytes: float) -> float:
-        return (self.overhead["allgather"] + self.kernel(codec, "encode", n)
-                + self.pattern("allgatherv", packet_bytes)
-                + P * self.kernel(codec, "decode", n))
+        return sum(self.allgather_terms(codec, n, P, packet_bytes).values())
 
 
 def wire_bytes(codec, n: int, shape: tuple) -> float:
@@ -209,17 +251,26 @@ def wire_bytes(codec, n: int, shape: tuple) -> float:
     return float(size if size is not None else codec.max_wire_size(n))
 
 
-def predict(model: CostModel, codec, algorithm: str, n: int, P: int, shape: tuple,
-            segments: int = 1) -> Optional[float]:
-    """Predicted seconds of one call of ``algorithm`` (``dense``/``mpi``,
-    ``twoshot``, ``allgather``) with ``codec`` on ``n`` elements; None for an
-    algorithm the model does not cover."""
+def predict_terms(model: CostModel, codec, algorithm: str, n: int, P: int, shape: tuple,
+                  segments: int = 1) -> Optional[dict]:
+    """The terms (``overhead``, ``kernels``, ``comm``: seconds) of one call of
+    ``algorithm`` -- ``dense`` or ``mpi`` (through the reducer),
+    ``MPI_Allreduce`` (the bare call), ``twoshot``, ``allgather`` -- with
+    ``codec`` on ``n`` elements; None for an algorithm the model does not cover."""
     if algorithm in ("dense", "mpi", "MPI_Allreduce"):
-        return model.dense(n)
+        return model.dense_terms(n, reducer=algorithm != "MPI_Allreduce")
     if P == 1:
         return None
     if algorithm == "twoshot":
-        return model.twoshot(codec.name, n, P, wire_bytes(codec, -(-n // P), shape), segments)
+        return model.twoshot_terms(codec.name, n, P, wire_bytes(codec, -(-n // P), shape),
+                                   segments)
     if algorithm == "allgather":
-        return model.allgather(codec.name, n, P, wire_bytes(codec, n, shape))
+        return model.allgather_terms(codec.name, n, P, wire_bytes(codec, n, shape))
     return None
+
+
+def predict(model: CostModel, codec, algorithm: str, n: int, P: int, shape: tuple,
+            segments: int = 1) -> Optional[float]:
+    """Predicted seconds of one call (the sum of :func:`predict_terms`)."""
+    terms = predict_terms(model, codec, algorithm, n, P, shape, segments)
+    return None if terms is None else sum(terms.values())

@@ -1,4 +1,5 @@
 """The benchmark commands, run for real (mpiexec in a subprocess)."""
+import copy
 import json
 import os
 import subprocess
@@ -417,6 +418,36 @@ def test_report_floor_with_and_without_pipelining():
     assert floor_seconds({**row, "segments": 4}, None) == pytest.approx(3e-3)
 
 
+def test_report_names_the_term_that_misses_most(tmp_path):
+    """An outlier's cause is the term whose prediction is furthest from its
+    measured part; rows within 20 % are counted and not listed."""
+    from hpccomm import cost_model
+    from hpccomm.bench.report import cause, fmt_time as fmt, predicted
+
+    row = {"time_median": 10e-3, "t_encode": 1e-3, "t_decode": 1e-3, "t_comm": 7e-3}
+    # measured: Python 1 ms, kernels 2 ms, MPI 7 ms
+    assert cause({"overhead": 1e-3, "kernels": 9e-3, "comm": 6e-3}, row).startswith(
+        "kernels over-predicted: 9.0 ms predicted, 2.0 ms measured")
+    assert cause({"overhead": 1e-3, "kernels": 2e-3, "comm": 1e-3}, row, ["x"]) == (
+        "MPI under-predicted: 1.0 ms predicted, 7.0 ms measured; x")
+    assert cause({"overhead": 4e-3, "kernels": 2e-3, "comm": 7e-3}, row).startswith(
+        "per-call Python over-predicted")
+
+    profile = copy.deepcopy(cost_model.DEFAULT)
+    path = tmp_path / "p.json"
+    cost_model.save(profile, str(path))
+    model = cost_model.CostModel(profile)
+    bare = model.pattern("allreduce", 4096)
+    rows = [{"algorithm_name": "MPI_Allreduce", "codec_name": "-", "count": 1024, "size": 4096,
+             "time_median": bare * t, "t_comm": bare * t} for t in (1.1, 2.0)]
+    data = {"meta": {"ranks": 4, "hosts": ["a"] * 4, "cores": 2}, "rows": rows}
+    text = predicted(data, str(path))
+    assert "1 of 2 predictions within 20 %" in text
+    outliers = [line for line in text.splitlines() if line.startswith("- ")]
+    assert outliers == [f"- 4 KiB MPI_Allreduce: 0.50; MPI under-predicted: "
+                        f"{fmt(bare)} predicted, {fmt(2 * bare)} measured; 2 ranks per core"]
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_calibrate_writes_a_profile_that_auto_reads(tmp_path, ranks):
     """``calibrate --quick`` writes a valid profile whose numbers are
@@ -434,6 +465,10 @@ def test_calibrate_writes_a_profile_that_auto_reads(tmp_path, ranks):
     for codec in ("onebit", "fp16"):
         pts = profile["kernels"][codec]["encode"]
         assert len(pts) >= 2 and pts[-1][1] > pts[0][1] > 0, (codec, pts)
+    # each codec's per-call cost, where there is a collective to run
+    assert profile["calls"] == ({} if ranks == 1 else {
+        c: {"twoshot": profile["calls"][c]["twoshot"],
+            "allgather": profile["calls"][c]["allgather"]} for c in ("onebit", "fp16", "none")})
     script = ("import numpy as np, hpccomm; r = hpccomm.Allreducer(codec='onebit', "
               "algorithm='auto'); r(np.ones(10, np.float32), key='k'); "
               "print(r.algorithm.source)")

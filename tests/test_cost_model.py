@@ -51,7 +51,7 @@ def test_kernels_interpolate_and_fall_back():
 
 
 @pytest.mark.parametrize("bad,match", [
-    ({"format": 2}, "format-1"),
+    ({"format": 3}, "format 1 or 2"),
     ({**DEFAULT, "patterns": {"allreduce": [[8, 1e-6]]}}, "needs the patterns"),
     (profile(alltoallv=[[8, float("nan")]]), "bad point"),
     ({**DEFAULT, "kernels": {"onebit": {"encode": [[1, 2]]}}}, "kernel costs of 'onebit'"),
@@ -59,6 +59,9 @@ def test_kernels_interpolate_and_fall_back():
      "bad point"),
     ({**DEFAULT, "overhead": {"dense": 1e-6}}, "overhead"),
     ({**DEFAULT, "oversubscription": 0.5}, "oversubscription"),
+    ({**DEFAULT, "calls": {"onebit": {"mpi": 1e-6}}}, "calls"),
+    ({**DEFAULT, "calls": {"onebit": {"twoshot": -1e-6}}}, "calls"),
+    ({**DEFAULT, "calls": ["onebit"]}, "calls"),
 ])
 def test_schema_errors(bad, match):
     with pytest.raises(ProfileError, match=match):
@@ -86,9 +89,39 @@ def test_profile_path(monkeypatch, tmp_path):
     assert cost_model.profile_path("abc", 4) == str(tmp_path / "hpccomm" / "profile-abc-P4.json")
 
 
-def test_oversubscription_scales_the_kernels_only():
+def test_kernels_are_scaled_by_the_ranks_per_core_in_format_1_only():
     base = CostModel(copy.deepcopy(DEFAULT))
-    over = CostModel({**copy.deepcopy(DEFAULT), "oversubscription": 2.0})
-    assert over.kernel("x", "encode", 1 << 20) == pytest.approx(
+    old = CostModel({**copy.deepcopy(DEFAULT), "format": 1, "oversubscription": 2.0})
+    new = CostModel({**copy.deepcopy(DEFAULT), "oversubscription": 2.0})
+    assert old.kernel("x", "encode", 1 << 20) == pytest.approx(
         2 * base.kernel("x", "encode", 1 << 20))
-    assert over.pattern("allreduce", 4096) == base.pattern("allreduce", 4096)
+    assert new.kernel("x", "encode", 1 << 20) == base.kernel("x", "encode", 1 << 20)
+    assert old.pattern("allreduce", 4096) == base.pattern("allreduce", 4096)
+
+
+def test_a_codecs_calls_replace_the_algorithms_overhead():
+    p = copy.deepcopy(DEFAULT)
+    p["calls"] = {"onebit": {"twoshot": 1.0}}
+    m, base = CostModel(p), CostModel(copy.deepcopy(DEFAULT))
+    assert m.call_overhead("onebit", "twoshot") == 1.0
+    assert m.call_overhead("onebit", "allgather") == DEFAULT["overhead"]["allgather"]
+    assert m.call_overhead("topk", "twoshot") == DEFAULT["overhead"]["twoshot"]
+    assert m.twoshot("onebit", 4096, 2, 100) == pytest.approx(
+        base.twoshot("onebit", 4096, 2, 100) - DEFAULT["overhead"]["twoshot"] + 1.0)
+    assert m.twoshot("topk", 4096, 2, 100) == base.twoshot("topk", 4096, 2, 100)
+
+
+@pytest.mark.parametrize("algorithm", ["dense", "mpi", "MPI_Allreduce", "twoshot", "allgather"])
+@pytest.mark.parametrize("segments", [1, 4])
+def test_terms_add_up_to_the_prediction(algorithm, segments):
+    import hpccomm
+
+    m = CostModel(copy.deepcopy(DEFAULT))
+    codec = hpccomm.get_codec("onebit")
+    n, P = 1 << 22, 3
+    terms = cost_model.predict_terms(m, codec, algorithm, n, P, (n,), segments)
+    assert set(terms) == {"overhead", "kernels", "comm"}
+    assert all(v >= 0 for v in terms.values())
+    assert cost_model.predict(m, codec, algorithm, n, P, (n,), segments) == sum(terms.values())
+    if algorithm == "MPI_Allreduce":     # the bare call: no reducer around it
+        assert terms == {"overhead": 0.0, "kernels": 0.0, "comm": m.pattern("allreduce", 4 * n)}

@@ -9,10 +9,13 @@ Measures (median over repetitions, slowest rank):
   ``MPI_Allgatherv`` -- at a ladder of message sizes on this communicator;
 * every codec's kernels at a few sizes (in and beyond the caches): the
   worker's encode (with error feedback where the codec fuses it), the owner
-  step with two packets, one decode;
-* the Python overhead of one call per algorithm (``none`` on 256 elements
-  through the reducer, less what the patterns and kernels predict);
-* the ranks per core of the busiest node (``oversubscription``).
+  step with two packets, one decode -- every rank running them at once, as in
+  a collective, so that ranks sharing cores or memory bandwidth share them
+  here too;
+* the Python of one call per algorithm (``none`` on 256 elements through the
+  reducer, less what the patterns and kernels predict), and per codec and
+  compressed algorithm (a call on 1024 elements, likewise);
+* the ranks per core of the busiest node (``oversubscription``, for the record).
 
 The profile (schema in :mod:`hpccomm.cost_model`) goes to ``-o FILE``, else to
 ``$HPCCOMM_PROFILE``, else to ``~/.cache/hpccomm/profile-<host set>-P<P>.json``,
@@ -78,18 +81,9 @@ def measure_patterns(comm, sizes, reps):
     return out
 
 
-def _time(fn, reps):
-    fn()
-    ts = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
-
-
-def measure_kernels(codec, n, reps):
-    """``{step: seconds}`` of ``codec`` on ``n`` float32 elements."""
+def measure_kernels(comm, codec, n, reps):
+    """``{step: seconds}`` of ``codec`` on ``n`` float32 elements: every rank of
+    ``comm`` runs each step at once, the slowest rank's median (collective)."""
     from hpccomm.codecs.base import EncodeContext
 
     rng = np.random.default_rng(n)
@@ -112,25 +106,36 @@ def measure_kernels(codec, n, reps):
             for p in received:
                 codec.decode_add(p, out)
             codec.decode(codec.reencode(out.copy(), ctx), out)
-    return {"encode": _time(enc, reps), "owner": _time(own, reps),
-            "decode": _time(lambda: codec.decode(packet, out), reps)}
+    return {"encode": _slowest_median(comm, enc, reps), "owner": _slowest_median(comm, own, reps),
+            "decode": _slowest_median(comm, lambda: codec.decode(packet, out), reps)}
+
+
+#: elements of the call that measures a codec's per-call cost (4 KiB)
+CALL_ELEMENTS = 1024
+
+
+def measure_call(comm, codec, algorithm, n, reps):
+    """Seconds of a repeated call of one key on ``n`` elements through the
+    reducer (``check="first"``: the steady state of a training loop's key),
+    or None where ``algorithm`` cannot carry ``codec`` (collective)."""
+    import hpccomm
+
+    x = np.random.default_rng(comm.Get_rank()).standard_normal(n).astype(np.float32)
+    out = np.empty_like(x)
+    try:
+        r = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, check="first")
+    except ValueError:
+        return None
+    for _ in range(20):
+        r(x, key="calibrate", out=out)
+    return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, 50))
 
 
 def measure_overhead(comm, reps):
     """Seconds of one call on 256 elements per algorithm, through the reducer
     (``dense``: ``none`` + ``mpi``)."""
-    import hpccomm
-
-    x = np.ones(256, np.float32)
-    out = np.empty_like(x)
-    times = {}
-    for name, algorithm in (("dense", "mpi"), ("twoshot", "twoshot"), ("allgather", "allgather")):
-        r = hpccomm.Allreducer(comm, codec="none", algorithm=algorithm, check="always")
-        for _ in range(50):
-            r(x, key="calibrate", out=out)
-        times[name] = _slowest_median(comm, lambda: r(x, key="calibrate", out=out),
-                                      max(reps, 50))
-    return times
+    return {name: measure_call(comm, "none", algorithm, 256, reps) for name, algorithm in
+            (("dense", "mpi"), ("twoshot", "twoshot"), ("allgather", "allgather"))}
 
 
 def build_parser():
@@ -179,11 +184,9 @@ def main(argv=None) -> int:
         codec = hpccomm.get_codec(name)
         steps = {k: [] for k in cost_model.KERNELS}
         for n in KERNEL_SIZES[mode]:
-            t = measure_kernels(codec, n, REPS[mode])
-            vals = np.array([t[k] for k in cost_model.KERNELS])
-            comm.Allreduce(MPI.IN_PLACE, vals, op=MPI.MAX)   # the slowest rank's
-            for k, v in zip(cost_model.KERNELS, vals.tolist()):
-                steps[k].append([n, v])
+            t = measure_kernels(comm, codec, n, REPS[mode])
+            for k in cost_model.KERNELS:
+                steps[k].append([n, t[k]])
         kernels[name] = steps
     kernels.setdefault("*", kernels.get("onebit", cost_model.DEFAULT["kernels"]["*"]))
     per_call = measure_overhead(comm, REPS[mode])
@@ -196,11 +199,20 @@ def main(argv=None) -> int:
     none = hpccomm.get_codec("none")
     overhead = {a: max(per_call[a] - cost_model.predict(probe, none, a, 256, P, (256,)), 0.0)
                 if P > 1 or a == "dense" else per_call[a] for a in cost_model.ALGORITHMS}
+    calls = {}
+    n = CALL_ELEMENTS
+    for name in (names if P > 1 else []):
+        codec = hpccomm.get_codec(name)
+        for alg in cost_model.ALGORITHMS[1:]:
+            t = measure_call(comm, name, alg, n, REPS[mode])
+            if t is not None:
+                rest = cost_model.predict(probe, codec, alg, n, P, (n,))
+                calls.setdefault(name, {})[alg] = max(t - rest, 0.0)
     profile = {"format": cost_model.FORMAT,
                "machine": {"hosts": hosts, "ranks": P, "mpi": MPI.Get_library_version().split("\n")[0].strip()},
                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
                "patterns": patterns, "kernels": kernels, "overhead": overhead,
-               "oversubscription": over}
+               "calls": calls, "oversubscription": over}
     if rank == 0:
         cost_model.save(profile, path)
         print(f"# hpccomm calibrate ({mode}, P = {P}, {time.perf_counter() - t0:.1f} s): "

@@ -81,8 +81,8 @@ class NetworkModel:
         whole = cost_model.wire_bytes(codec, n, (n,))
         allgather = (c.kernel(name, "encode", n) + (P - 1) * (self.alpha + whole / self.rate)
                      + P * c.kernel(name, "decode", n))
-        return {"twoshot": twoshot + c.overhead["twoshot"],
-                "allgather": allgather + c.overhead["allgather"]}
+        return {"twoshot": twoshot + c.call_overhead(name, "twoshot"),
+                "allgather": allgather + c.call_overhead(name, "allgather")}
 
     def bucket(self, codec, n: int) -> Tuple[float, str]:
         """The fastest way to reduce a bucket of ``n`` (auto's rule)."""

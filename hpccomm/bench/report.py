@@ -128,38 +128,108 @@ def build_parser():
     return p
 
 
+#: the terms of a prediction and what each stands for in a measured call
+TERMS = {"overhead": "per-call Python", "kernels": "kernels", "comm": "MPI"}
+#: a prediction off the measured time by more than this is an outlier
+TOLERANCE = 0.2
+
+
+def measured_terms(row: dict) -> dict:
+    """The measured call split like a prediction: ``kernels`` (the slowest
+    rank's encode + decode phases), ``comm`` (its time in MPI calls) and
+    ``overhead`` (the rest of the median call)."""
+    kernels = float(row.get("t_encode", 0.0)) + float(row.get("t_decode", 0.0))
+    comm = float(row.get("t_comm", 0.0))
+    return {"overhead": max(float(row["time_median"]) - kernels - comm, 0.0),
+            "kernels": kernels, "comm": comm}
+
+
+def ranks_per_core(meta: dict) -> float:
+    """Ranks on the busiest host over its cores (1 when the run did not say)."""
+    hosts, cores = meta.get("hosts") or [], meta.get("cores")
+    if not hosts or not cores:
+        return 1.0
+    return max(hosts.count(h) for h in set(hosts)) / cores
+
+
+def cause(predicted_terms: dict, row: dict, notes=()) -> str:
+    """Why a prediction misses: the term whose predicted time is furthest from
+    the measured one, with both, then what the run says about that term."""
+    measured = measured_terms(row)
+    term = max(TERMS, key=lambda t: (abs(predicted_terms[t] - measured[t]), -list(TERMS).index(t)))
+    p, m = predicted_terms[term], measured[term]
+    text = (f"{TERMS[term]} {'over' if p > m else 'under'}-predicted: "
+            f"{fmt_time(p)} predicted, {fmt_time(m)} measured")
+    return "; ".join([text, *notes])
+
+
+def _row_case(r: dict) -> tuple:
+    """``(algorithm to predict, case label)`` of a result row; auto's rows are
+    predicted as the algorithm it chose."""
+    alg = r["algorithm_name"]
+    case = "MPI_Allreduce" if alg == "MPI_Allreduce" else f"{r['codec_name']}+{alg}"
+    if alg == "auto":
+        alg = r.get("auto_choice") or "auto"
+        case += f" ({alg})"
+    return alg, case
+
+
 def predicted(data: dict, profile_file: str, sizes=None) -> str:
     """Every row's measured time next to what the cost model of
-    ``profile_file`` predicts for it, and the share of rows within 20 %."""
+    ``profile_file`` predicts for it, term by term; the share of rows within
+    20 %; then every outlier with its cause."""
     import hpccomm
     from hpccomm import cost_model
 
     profile, _ = cost_model.load(profile_file)
     model = cost_model.CostModel(profile)
-    P = int(data.get("meta", {}).get("ranks", 1))
-    head = ["size", "case", "measured", "predicted", "predicted / measured"]
+    meta = data.get("meta", {})
+    P = int(meta.get("ranks", 1))
+    shared = ranks_per_core(meta)
+    ladder = [b for b, _ in profile["patterns"]["alltoallv"]]
+    head = ["size", "case", "measured", "predicted", "predicted / measured",
+            "predicted: Python / kernels / MPI", "measured: Python / kernels / MPI"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     within = total = 0
+    outliers = []
     for r in data["rows"]:
         if sizes is not None and r["size"] not in sizes:
             continue
-        alg = r["algorithm_name"]
+        alg, case = _row_case(r)
         n = int(r["count"])
         shape = (n // 1024, 1024) if n % 1024 == 0 and n >= 1024 else (n,)
         codec = hpccomm.get_codec(r["codec_name"]) if r["codec_name"] != "-" else None
-        if alg == "auto" or (codec is None and alg != "MPI_Allreduce"):
+        if codec is None and alg != "MPI_Allreduce":
             continue
-        t = cost_model.predict(model, codec, alg, n, P, shape, int(r.get("segments", 1)))
-        if t is None:
+        segments = int(r.get("segments", 1))
+        terms = cost_model.predict_terms(model, codec, alg, n, P, shape, segments)
+        if terms is None:
             continue
+        t = sum(terms.values())
         ratio = t / r["time_median"]
         total += 1
-        within += abs(ratio - 1) <= 0.2
-        case = "MPI_Allreduce" if alg == "MPI_Allreduce" else f"{r['codec_name']}+{alg}"
+        within += abs(ratio - 1) <= TOLERANCE
+        m = measured_terms(r)
         lines.append(f"| {fmt_size(r['size'])} | {case} | {fmt_time(r['time_median'])} | "
-                     f"{fmt_time(t)} | {ratio:.2f} |")
+                     f"{fmt_time(t)} | {ratio:.2f} | "
+                     + " / ".join(fmt_time(terms[k]) for k in TERMS) + " | "
+                     + " / ".join(fmt_time(m[k]) for k in TERMS) + " |")
+        if abs(ratio - 1) > TOLERANCE:
+            notes = []
+            if shared > 1:
+                notes.append(f"{shared:g} ranks per core")
+            if segments > 1:
+                notes.append(f"{segments} segments: transfers overlap the kernels")
+            wire = int(r.get("wire_bytes", 0))
+            if alg not in ("MPI_Allreduce", "mpi", "dense") and wire > ladder[-1] * (P - 1):
+                notes.append("beyond the calibrated message sizes")
+            outliers.append(f"- {fmt_size(r['size'])} {case}: {ratio:.2f}; "
+                            + cause(terms, r, notes))
     lines.append("")
-    lines.append(f"{within} of {total} predictions within 20 % of the measured time")
+    lines.append(f"{within} of {total} predictions within {TOLERANCE * 100:.0f} % of the measured time")
+    if outliers:
+        lines += ["", f"Outliers ({len(outliers)}), predicted / measured and the term that "
+                      "misses most:", *outliers]
     return "\n".join(lines)
 
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The cost model against measurements: shared memory and emulated 1 and
+# 4 Gbit/s per host (root: network namespaces), P = 2, 3, 4, 4 KiB-256 MiB.
+# Each run is calibrated first, then swept with the profile it wrote, then
+# reported (prediction next to measurement, outliers with their cause).
+#   ./dev.sh run docs/data/i33/model/run.sh [shm|1gbit|4gbit ...]     (~40 min)
+set -euo pipefail
+cd "$(dirname "$0")"
+ARGS=(-m 4K:256M -f 4 -i 5 -x 1 --codec onebit,topk,terngrad
+      --algorithm twoshot,allgather,auto --no-progress)
+export NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+nets=("$@"); [ $# -gt 0 ] || nets=(shm 1gbit 4gbit)
+for net in "${nets[@]}"; do
+  for P in 2 3 4; do
+    run=$net-p$P
+    if [ "$net" = shm ]; then
+      timeout 600 mpiexec -n $P python -m mpi4py -m hpccomm.bench calibrate -o profile-$run.json
+      HPCCOMM_PROFILE=profile-$run.json timeout 1800 mpiexec -n $P python -m mpi4py \
+          -m hpccomm.bench allreduce "${ARGS[@]}" -J $run.json > $run.txt
+    else
+      timeout 900 python -m hpccomm.bench netem --ranks $P --rate $net --command calibrate -- \
+          -o "$PWD/profile-$run.json"
+      HPCCOMM_PROFILE="$PWD/profile-$run.json" timeout 2400 python -m hpccomm.bench netem \
+          --ranks $P --rate $net --timeout 2300 -- "${ARGS[@]}" -J "$PWD/$run.json" > $run.txt
+    fi
+    python -m hpccomm.bench report $run.json --profile profile-$run.json > $run-predicted.md
+    echo "$run: $(grep "predictions within" $run-predicted.md)"
+  done
+done
