@@ -13,6 +13,7 @@ machine and communicator size, as JSON::
                             "decode": [...]}, ...},
      "overhead": {"dense": seconds, "twoshot": seconds, "allgather": seconds},
      "calls": {"onebit": {"twoshot": seconds, "allgather": seconds}, ...},  (optional)
+     "waits": [[seconds of kernels, seconds waited], ...],                    (optional)
      "oversubscription": ranks per core on the busiest node (optional, >= 1)}
 
 Patterns: the median time of the slowest rank for a ladder of message sizes,
@@ -33,6 +34,14 @@ more ranks than cores on a node, or ranks sharing a memory bus, the kernels are
 measured sharing them, so the profile of ``P`` ranks carries the kernel terms
 of its ranks per core.  ``oversubscription`` records that number; format 1
 profiles, whose kernels were not measured in step, are scaled by it instead.
+
+Waits: a collective that follows a compute phase waits for the ranks still
+computing; where ranks share cores, the scheduler can hold one back for a time
+slice, and the wait grows with the phase (measured: about the phase itself at
+3 ranks on 2 cores below a few milliseconds).  ``waits`` is that wait against
+the length of the phase before it, interpolated like the patterns; with one
+rank per core it is about zero.  ``twoshot`` adds one after the encodes and one
+after the owner step (per segment), ``allgather`` one after the encode.
 
 Per-call cost: ``overhead`` is the Python of one call per algorithm with the
 ``none`` codec (for ``dense``: the reducer's lean path); ``calls[codec][alg]``
@@ -123,6 +132,8 @@ def validate(data) -> dict:
             not isinstance(overhead.get(a), (int, float)) or not math.isfinite(overhead[a])
             or overhead[a] < 0 for a in ALGORITHMS):
         raise ProfileError(f"overhead must give seconds >= 0 for {', '.join(ALGORITHMS)}")
+    if "waits" in data:
+        _points(data["waits"], "waits")
     calls = data.get("calls", {})
     if not isinstance(calls, dict) or any(
             not isinstance(per, dict) or any(
@@ -179,6 +190,7 @@ class CostModel:
         self.overhead = {a: float(profile["overhead"][a]) for a in ALGORITHMS}
         self.calls = {c: {a: float(t) for a, t in per.items()}
                       for c, per in profile.get("calls", {}).items()}
+        self._waits = _points(profile["waits"], "waits") if "waits" in profile else None
         self.oversubscription = float(profile.get("oversubscription", 1.0))
         # format 2 measures the kernels in step on every rank (shared cores
         # included); format 1 measured them apart and scaled by the ranks per core
@@ -205,6 +217,13 @@ class CostModel:
             costs = {k: _points(v, k) for k, v in DEFAULT["kernels"]["*"].items()}
         return self._kernel_scale * self._interpolate(costs[step], n) if n > 0 else 0.0
 
+    def wait(self, compute: float) -> float:
+        """Seconds a collective waits after a phase of ``compute`` seconds of
+        kernels on every rank (the profile's ``waits``; 0 without)."""
+        if self._waits is None or compute <= 0:
+            return 0.0
+        return self._interpolate(self._waits, compute)
+
     def call_overhead(self, codec: str, algorithm: str) -> float:
         """Seconds of Python per call of ``algorithm`` with ``codec``."""
         return self.calls.get(codec, {}).get(algorithm, self.overhead[algorithm])
@@ -219,20 +238,23 @@ class CostModel:
 
     def twoshot_terms(self, codec: str, n: int, P: int, chunk_bytes: float,
                       segments: int = 1) -> dict:
-        m = n / P     # P chunk encodes, the owner step (two packets measured; more
-        kernels = (P * self.kernel(codec, "encode", m) + self.kernel(codec, "owner", m)
-                   + max(P - 2, 0) * self.kernel(codec, "decode", m)     # decode-add each)
-                   + (P - 1) * self.kernel(codec, "decode", m))          # the other chunks
+        m = n / P
+        encodes = P * self.kernel(codec, "encode", m)        # P chunk encodes
+        owner = (self.kernel(codec, "owner", m)              # two packets measured,
+                 + max(P - 2, 0) * self.kernel(codec, "decode", m))   # a decode-add more each
+        kernels = encodes + owner + (P - 1) * self.kernel(codec, "decode", m)  # other chunks
         wire = self.pattern("alltoallv", chunk_bytes) + self.pattern("allgatherv", chunk_bytes)
         if segments > 1:     # the longer of the two and one segment of the other
             wire = max(kernels, wire) + min(kernels, wire) / segments - kernels
+        waits = segments * (self.wait(encodes / segments) + self.wait(owner / segments))
         return {"overhead": self.call_overhead(codec, "twoshot"), "kernels": kernels,
-                "comm": wire}
+                "comm": wire + waits}
 
     def allgather_terms(self, codec: str, n: int, P: int, packet_bytes: float) -> dict:
+        encode = self.kernel(codec, "encode", n)
         return {"overhead": self.call_overhead(codec, "allgather"),
-                "kernels": self.kernel(codec, "encode", n) + P * self.kernel(codec, "decode", n),
-                "comm": self.pattern("allgatherv", packet_bytes)}
+                "kernels": encode + P * self.kernel(codec, "decode", n),
+                "comm": self.pattern("allgatherv", packet_bytes) + self.wait(encode)}
 
     def dense(self, n: int, itemsize: int = 4) -> float:
         return sum(self.dense_terms(n, itemsize).values())

@@ -39,6 +39,29 @@ def test_algorithm_predictions_add_up():
     assert m.allgather("x", n, P, 10) == pytest.approx(o["allgather"] + 8 + 2.0 + 2 * 8 * 0.25)
 
 
+def test_waits_follow_each_compute_phase():
+    """twoshot waits after its encodes and after its owner step (per segment),
+    allgather after its encode; dense never."""
+    p = profile(alltoallv=[[0, 1.0], [10, 1.0]], allgatherv=[[0, 2.0], [10, 2.0]])
+    p["waits"] = [[0, 0.0], [100, 50.0]]          # half the phase
+    m, plain = CostModel(p), CostModel(profile(alltoallv=p["patterns"]["alltoallv"],
+                                               allgatherv=p["patterns"]["allgatherv"]))
+    line = lambda rate: [[0, 0.0], [100, 100 * rate]]  # noqa: E731
+    for model in (m, plain):
+        model._kernels["x"] = {k: cost_model._points(line(r), k)
+                               for k, r in (("encode", 1.0), ("owner", 0.5), ("decode", 0.25))}
+    n, P = 12, 3           # chunks of 4: encodes 3 * 4, owner 2 + 1 * 1
+    assert m.wait(12) == 6.0 and m.wait(0) == 0.0 and plain.wait(12) == 0.0
+    got, base = m.twoshot_terms("x", n, P, 10), plain.twoshot_terms("x", n, P, 10)
+    assert got["comm"] - base["comm"] == pytest.approx(6.0 + 1.5)
+    assert got["kernels"] == base["kernels"]
+    got, base = (m.twoshot_terms("x", n, P, 10, segments=3),
+                 plain.twoshot_terms("x", n, P, 10, segments=3))
+    assert got["comm"] - base["comm"] == pytest.approx(3 * (2.0 + 0.5))
+    assert m.allgather("x", n, P, 10) - plain.allgather("x", n, P, 10) == pytest.approx(6.0)
+    assert m.dense(n) == plain.dense(n)
+
+
 def test_kernels_interpolate_and_fall_back():
     p = copy.deepcopy(DEFAULT)
     p["kernels"]["c"] = {"encode": [[100, 2e-6], [1100, 12e-6]], "owner": [[100, 3e-6]],
@@ -62,6 +85,7 @@ def test_kernels_interpolate_and_fall_back():
     ({**DEFAULT, "calls": {"onebit": {"mpi": 1e-6}}}, "calls"),
     ({**DEFAULT, "calls": {"onebit": {"twoshot": -1e-6}}}, "calls"),
     ({**DEFAULT, "calls": ["onebit"]}, "calls"),
+    ({**DEFAULT, "waits": [[1e-3, -1.0]]}, "bad point"),
 ])
 def test_schema_errors(bad, match):
     with pytest.raises(ProfileError, match=match):

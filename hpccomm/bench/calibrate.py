@@ -15,6 +15,8 @@ Measures (median over repetitions, slowest rank):
 * the Python of one call per algorithm (``none`` on 256 elements through the
   reducer, less what the patterns and kernels predict), and per codec and
   compressed algorithm (a call on 1024 elements, likewise);
+* how long a collective waits after a compute phase of a given length
+  (``waits``: a numpy pass then an 8-byte ``MPI_Allreduce``, less both apart);
 * the ranks per core of the busiest node (``oversubscription``, for the record).
 
 The profile (schema in :mod:`hpccomm.cost_model`) goes to ``-o FILE``, else to
@@ -36,10 +38,22 @@ LADDERS = {
     "full": [8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24,
              1 << 26, 1 << 28],
 }
-#: kernel sizes: small (the fixed cost), in cache, and far beyond the caches
-KERNEL_SIZES = {"quick": (4096, 1 << 20), "default": (4096, 1 << 16, 1 << 20, 1 << 24),
-                "full": (1024, 4096, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24)}
+#: kernel sizes: small (the fixed cost), in cache, and far beyond the caches --
+#: every factor of 4, since some kernels change method with the size (topk's
+#: exact selection of short vectors)
+KERNEL_SIZES = {"quick": (4096, 1 << 20),
+                "default": (1 << 9, 1 << 11, 1 << 13, 1 << 15, 1 << 17, 1 << 19, 1 << 21,
+                            1 << 23),
+                "full": (1 << 8, 1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22,
+                         1 << 24)}
 REPS = {"quick": 3, "default": 5, "full": 9}
+#: at least this many repetitions where one takes microseconds (at most 1 MiB
+#: or 2^18 elements): their medians move by tens of percent at 5
+SMALL_REPS = 50
+
+
+def _reps(size: int, reps: int, small: int) -> int:
+    return max(reps, SMALL_REPS) if size <= small else reps
 
 
 def _slowest_median(comm, fn, reps):
@@ -67,23 +81,25 @@ def measure_patterns(comm, sizes, reps):
         n = max(1, nbytes // 4)
         x = np.ones(n, np.float32)
         y = np.empty_like(x)
+        r = _reps(nbytes, reps, 1 << 20)
         out["allreduce"].append([nbytes, _slowest_median(
-            comm, lambda: comm.Allreduce(x, y, op=MPI.SUM), reps)])
+            comm, lambda: comm.Allreduce(x, y, op=MPI.SUM), r)])
         block = max(1, nbytes)
         sb = np.ones(block * P, np.uint8)
         rb = np.empty_like(sb)
         counts, displs = [block] * P, [block * j for j in range(P)]
         out["alltoallv"].append([nbytes, _slowest_median(
             comm, lambda: comm.Alltoallv([sb, (counts, displs), MPI.BYTE],
-                                         [rb, (counts, displs), MPI.BYTE]), reps)])
+                                         [rb, (counts, displs), MPI.BYTE]), r)])
         out["allgatherv"].append([nbytes, _slowest_median(
-            comm, lambda: comm.Allgatherv(sb[:block], [rb, (counts, displs), MPI.BYTE]), reps)])
+            comm, lambda: comm.Allgatherv(sb[:block], [rb, (counts, displs), MPI.BYTE]), r)])
     return out
 
 
 def measure_kernels(comm, codec, n, reps):
     """``{step: seconds}`` of ``codec`` on ``n`` float32 elements: every rank of
     ``comm`` runs each step at once, the slowest rank's median (collective)."""
+    reps = _reps(n, reps, 1 << 18)
     from hpccomm.codecs.base import EncodeContext
 
     rng = np.random.default_rng(n)
@@ -131,11 +147,48 @@ def measure_call(comm, codec, algorithm, n, reps):
     return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, 50))
 
 
+#: elements of the compute phases that :func:`measure_waits` times
+WAIT_SIZES = {"quick": (1 << 12, 1 << 16, 1 << 20),
+              "default": (1 << 10, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22,
+                          1 << 24, 1 << 26)}
+WAIT_SIZES["full"] = WAIT_SIZES["default"]
+
+
+def measure_waits(comm, reps, sizes):
+    """``[[compute seconds, wait seconds], ...]``: each rank makes a pass over
+    ``n`` float32 values, then the 8-byte ``MPI_Allreduce`` of a collective's
+    start; the wait is the pair's time less the pass and the allreduce each
+    timed alone (all slowest-rank medians; collective)."""
+    from mpi4py import MPI
+
+    a, b = np.zeros(1, np.float64), np.zeros(1, np.float64)
+    sync = lambda: comm.Allreduce(a, b, op=MPI.SUM)  # noqa: E731
+    alone = _slowest_median(comm, sync, max(reps, SMALL_REPS))
+    out = [[0.0, 0.0]]
+    for n in sizes:
+        x = np.ones(n, np.float32)
+        y = np.empty_like(x)
+        r = _reps(n, reps, 1 << 18)
+        work = lambda: np.multiply(x, np.float32(1.0001), out=y)  # noqa: E731
+        compute = _slowest_median(comm, work, r)
+        both = _slowest_median(comm, lambda: (work(), sync()), r)
+        out.append([compute, max(both - compute - alone, 0.0)])
+    return out
+
+
 def measure_overhead(comm, reps):
     """Seconds of one call on 256 elements per algorithm, through the reducer
-    (``dense``: ``none`` + ``mpi``)."""
-    return {name: measure_call(comm, "none", algorithm, 256, reps) for name, algorithm in
-            (("dense", "mpi"), ("twoshot", "twoshot"), ("allgather", "allgather"))}
+    (``dense``: ``none`` + ``mpi``), and of the bare ``MPI_Allreduce`` of
+    the same 256 elements measured next to the dense call (``bare``)."""
+    from mpi4py import MPI
+
+    times = {name: measure_call(comm, "none", algorithm, 256, reps) for name, algorithm in
+             (("dense", "mpi"), ("twoshot", "twoshot"), ("allgather", "allgather"))}
+    x = np.ones(256, np.float32)
+    y = np.empty_like(x)
+    times["bare"] = _slowest_median(comm, lambda: comm.Allreduce(x, y, op=MPI.SUM),
+                                    max(reps, 50))
+    return times
 
 
 def build_parser():
@@ -176,6 +229,7 @@ def main(argv=None) -> int:
             return 0
     t0 = time.perf_counter()
     patterns = measure_patterns(comm, LADDERS[mode], REPS[mode])
+    waits = measure_waits(comm, REPS[mode], WAIT_SIZES[mode]) if P > 1 else [[0.0, 0.0]]
     names = (args.codec.split(",") if args.codec else
              [c for c in hpccomm.codecs.packet_codecs() if not c.startswith("test-")])
     names = names + ["none"] if "none" not in names else names   # for the overhead
@@ -194,11 +248,14 @@ def main(argv=None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     over = comm.allreduce(max(1.0, local / max(cores or 1, 1)), op=MPI.MAX)
     probe = cost_model.CostModel({**cost_model.DEFAULT, "patterns": patterns,
-                                  "kernels": kernels,
+                                  "kernels": kernels, "waits": waits,
                                   "overhead": {a: 0.0 for a in cost_model.ALGORITHMS}})
     none = hpccomm.get_codec("none")
+    # dense: the lean path less the bare call next to it (the pattern's 1 KiB
+    # point is interpolated, and at a few microseconds that error is the term)
     overhead = {a: max(per_call[a] - cost_model.predict(probe, none, a, 256, P, (256,)), 0.0)
-                if P > 1 or a == "dense" else per_call[a] for a in cost_model.ALGORITHMS}
+                if P > 1 else per_call[a] for a in cost_model.ALGORITHMS[1:]}
+    overhead = {"dense": max(per_call["dense"] - per_call["bare"], 0.0), **overhead}
     calls = {}
     n = CALL_ELEMENTS
     for name in (names if P > 1 else []):
@@ -212,13 +269,15 @@ def main(argv=None) -> int:
                "machine": {"hosts": hosts, "ranks": P, "mpi": MPI.Get_library_version().split("\n")[0].strip()},
                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
                "patterns": patterns, "kernels": kernels, "overhead": overhead,
-               "calls": calls, "oversubscription": over}
+               "calls": calls, "waits": waits, "oversubscription": over}
     if rank == 0:
         cost_model.save(profile, path)
         print(f"# hpccomm calibrate ({mode}, P = {P}, {time.perf_counter() - t0:.1f} s): "
               f"wrote {path}")
         for name, pts in patterns.items():
             print(f"#   {name:<10} " + "  ".join(f"{b} B: {t * 1e6:.1f} us" for b, t in pts))
+        print("#   waits after      " + "  ".join(f"{c * 1e6:.0f} us: {w * 1e6:.1f} us"
+                                                   for c, w in waits[1:]))
         print("#   overhead per call: " + "  ".join(f"{a} {t * 1e6:.1f} us"
                                                    for a, t in overhead.items()))
     comm.Free()

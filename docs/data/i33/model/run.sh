@@ -6,7 +6,7 @@
 #   ./dev.sh run docs/data/i33/model/run.sh [shm|1gbit|4gbit ...]     (~40 min)
 set -euo pipefail
 cd "$(dirname "$0")"
-ARGS=(-m 4K:256M -f 4 -i 5 -x 1 --codec onebit,topk,terngrad
+ARGS=(-m 4K:256M -f 4 --codec onebit,topk,terngrad
       --algorithm twoshot,allgather,auto --no-progress)
 export NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 nets=("$@"); [ $# -gt 0 ] || nets=(shm 1gbit 4gbit)
