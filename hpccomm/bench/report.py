@@ -1,6 +1,8 @@
-"""``python -m hpccomm.bench report FILE.json [--rate 1gbit] [--pivot]``: a
-markdown table of ``hpccomm.bench allreduce`` results, each measured time next
-to the model's floor (``--pivot``: a case x size grid of times and speedups).
+"""``python -m hpccomm.bench report FILE.json [--rate 1gbit] [--pivot |
+--profile P.json]``: a markdown table of ``hpccomm.bench allreduce`` results,
+each measured time next to the model's floor (``--pivot``: a case x size grid
+of times and speedups; ``--profile``: next to the cost model's prediction, see
+:func:`predicted`).
 
 The floor of a case is the time its bytes need on the link plus the kernel
 time measured in the same run::
