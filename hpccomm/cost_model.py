@@ -14,6 +14,7 @@ machine and communicator size, as JSON::
      "overhead": {"dense": seconds, "twoshot": seconds, "allgather": seconds},
      "calls": {"onebit": {"twoshot": seconds, "allgather": seconds}, ...},  (optional)
      "waits": [[seconds of kernels, seconds waited], ...],                    (optional)
+     "overlap": share of a transfer that runs under a compute phase, 0..1 (optional)
      "oversubscription": ranks per core on the busiest node (optional, >= 1)}
 
 Patterns: the median time of the slowest rank for a ladder of message sizes,
@@ -42,6 +43,13 @@ slice, and the wait grows with the phase (measured: about the phase itself at
 the length of the phase before it, interpolated like the patterns; with one
 rank per core it is about zero.  ``twoshot`` adds one after the encodes and one
 after the owner step (per segment), ``allgather`` one after the encode.
+
+Overlap: ``twoshot`` in ``S`` segments runs one segment's transfers while the
+next is encoded.  ``overlap`` is the share of the shorter of the two that this
+hides, measured (a nonblocking all-to-all under a compute phase as long); where
+the link's protocol needs the cores the kernels hold (TCP on a busy node) it is
+well below 1.  The pipelined call takes ``kernels + wire - overlap * min(kernels,
+wire) * (1 - 1/S)``; 1 (the default) is full overlap.
 
 Per-call cost: ``overhead`` is the Python of one call per algorithm with the
 ``none`` codec (for ``dense``: the reducer's lean path); ``calls[codec][alg]``
@@ -134,6 +142,9 @@ def validate(data) -> dict:
         raise ProfileError(f"overhead must give seconds >= 0 for {', '.join(ALGORITHMS)}")
     if "waits" in data:
         _points(data["waits"], "waits")
+    share = data.get("overlap", 1.0)
+    if not isinstance(share, (int, float)) or not 0 <= share <= 1:
+        raise ProfileError("overlap must be a number from 0 to 1")
     calls = data.get("calls", {})
     if not isinstance(calls, dict) or any(
             not isinstance(per, dict) or any(
@@ -191,6 +202,7 @@ class CostModel:
         self.calls = {c: {a: float(t) for a, t in per.items()}
                       for c, per in profile.get("calls", {}).items()}
         self._waits = _points(profile["waits"], "waits") if "waits" in profile else None
+        self.overlap = float(profile.get("overlap", 1.0))
         self.oversubscription = float(profile.get("oversubscription", 1.0))
         # format 2 measures the kernels in step on every rank (shared cores
         # included); format 1 measured them apart and scaled by the ranks per core
@@ -244,8 +256,8 @@ class CostModel:
                  + max(P - 2, 0) * self.kernel(codec, "decode", m))   # a decode-add more each
         kernels = encodes + owner + (P - 1) * self.kernel(codec, "decode", m)  # other chunks
         wire = self.pattern("alltoallv", chunk_bytes) + self.pattern("allgatherv", chunk_bytes)
-        if segments > 1:     # the longer of the two and one segment of the other
-            wire = max(kernels, wire) + min(kernels, wire) / segments - kernels
+        if segments > 1:     # all but one segment of the shorter hidden, at ``overlap``
+            wire -= self.overlap * min(kernels, wire) * (1 - 1 / segments)
         waits = segments * (self.wait(encodes / segments) + self.wait(owner / segments))
         return {"overhead": self.call_overhead(codec, "twoshot"), "kernels": kernels,
                 "comm": wire + waits}

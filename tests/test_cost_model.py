@@ -62,6 +62,20 @@ def test_waits_follow_each_compute_phase():
     assert m.dense(n) == plain.dense(n)
 
 
+def test_pipelined_twoshot_hides_the_measured_share_of_the_shorter_phase():
+    """kernels 4 * 1 + 2 * 0.5 + 2 * 0.25 = 5.5 s, wire 3 s, 4 segments: full
+    overlap hides 3/4 of the wire, none hides nothing, half hides half that."""
+    p = profile(alltoallv=[[0, 1.0], [10, 1.0]], allgatherv=[[0, 2.0], [10, 2.0]])
+    line = lambda rate: [[0, 0.0], [100, 100 * rate]]  # noqa: E731
+    for share, hidden in ((1.0, 2.25), (0.0, 0.0), (0.5, 1.125)):
+        m = CostModel({**copy.deepcopy(p), "overlap": share})
+        m._kernels["x"] = {k: cost_model._points(line(r), k)
+                           for k, r in (("encode", 1.0), ("owner", 0.5), ("decode", 0.25))}
+        o = m.overhead["twoshot"]
+        assert m.twoshot("x", 4, 2, 10, segments=4) == pytest.approx(o + 5.5 + 3.0 - hidden)
+        assert m.twoshot("x", 4, 2, 10) == pytest.approx(o + 5.5 + 3.0)
+
+
 def test_kernels_interpolate_and_fall_back():
     p = copy.deepcopy(DEFAULT)
     p["kernels"]["c"] = {"encode": [[100, 2e-6], [1100, 12e-6]], "owner": [[100, 3e-6]],
@@ -86,6 +100,7 @@ def test_kernels_interpolate_and_fall_back():
     ({**DEFAULT, "calls": {"onebit": {"twoshot": -1e-6}}}, "calls"),
     ({**DEFAULT, "calls": ["onebit"]}, "calls"),
     ({**DEFAULT, "waits": [[1e-3, -1.0]]}, "bad point"),
+    ({**DEFAULT, "overlap": 1.5}, "overlap"),
 ])
 def test_schema_errors(bad, match):
     with pytest.raises(ProfileError, match=match):

@@ -17,6 +17,9 @@ Measures (median over repetitions, slowest rank):
   compressed algorithm (a call on 1024 elements, likewise);
 * how long a collective waits after a compute phase of a given length
   (``waits``: a numpy pass then an 8-byte ``MPI_Allreduce``, less both apart);
+* how much of the transfers ``twoshot``'s pipeline hides under its kernels
+  (``overlap``: eight segments of a compute phase and a nonblocking
+  ``MPI_Alltoallv`` of 128 KiB per peer as long, against both apart);
 * the ranks per core of the busiest node (``oversubscription``, for the record).
 
 The profile (schema in :mod:`hpccomm.cost_model`) goes to ``-o FILE``, else to
@@ -209,6 +212,47 @@ def measure_waits(comm, reps, sizes):
     return out
 
 
+def measure_overlap(comm, reps, block=1 << 17, segments=8):
+    """The share of the shorter of transfers and kernels that ``twoshot``'s
+    pipeline hides: ``segments`` times a compute phase (passes over 2^20
+    float32 values, about as long as one transfer), then the start of that
+    segment's ``MPI_Ialltoallv`` of ``block`` bytes per peer, then the wait
+    for the previous segment's -- against the phases timed apart
+    (slowest-rank medians; collective)."""
+    from mpi4py import MPI
+
+    P = comm.Get_size()
+    sb = np.ones(block * P, np.uint8)
+    rbs = [np.empty_like(sb) for _ in range(2)]
+    spec = lambda buf: [buf, ([block] * P, [block * j for j in range(P)]), MPI.BYTE]  # noqa: E731
+    r = max(reps, 15)
+    wire = _slowest_median(comm, lambda: comm.Alltoallv(spec(sb), spec(rbs[0])), r)
+    x = np.ones(1 << 20, np.float32)
+    y = np.empty_like(x)
+    one = _slowest_median(comm, lambda: np.multiply(x, np.float32(1.0001), out=y), r)
+    passes = comm.allreduce(max(1, round(wire / max(one, 1e-9))), op=MPI.MAX)
+
+    def work():
+        for _ in range(passes):
+            np.multiply(x, np.float32(1.0001), out=y)
+
+    def pipeline():
+        pending = None
+        for s in range(segments):
+            work()
+            req = comm.Ialltoallv(spec(sb), spec(rbs[s % 2]))
+            if pending is not None:
+                pending.Wait()
+            pending = req
+        pending.Wait()
+
+    compute = _slowest_median(comm, work, r)
+    together = _slowest_median(comm, pipeline, max(reps, 5))
+    hidden = segments * (wire + compute) - together
+    most = segments * min(wire, compute) * (1 - 1 / segments)
+    return min(max(hidden / most, 0.0), 1.0)
+
+
 def measure_overhead(comm, reps):
     """Seconds of one call on 256 elements per algorithm, through the reducer
     (``dense``: ``none`` + ``mpi``), and of the bare ``MPI_Allreduce`` of
@@ -263,6 +307,7 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     patterns = measure_patterns(comm, LADDERS[mode], REPS[mode])
     waits = measure_waits(comm, REPS[mode], WAIT_SIZES[mode]) if P > 1 else [[0.0, 0.0]]
+    overlap = measure_overlap(comm, REPS[mode]) if P > 1 else 1.0
     names = (args.codec.split(",") if args.codec else
              [c for c in hpccomm.codecs.packet_codecs() if not c.startswith("test-")])
     names = names + ["none"] if "none" not in names else names   # for the overhead
@@ -281,7 +326,7 @@ def main(argv=None) -> int:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     over = comm.allreduce(max(1.0, local / max(cores or 1, 1)), op=MPI.MAX)
     probe = cost_model.CostModel({**cost_model.DEFAULT, "patterns": patterns,
-                                  "kernels": kernels, "waits": waits,
+                                  "kernels": kernels, "waits": waits, "overlap": overlap,
                                   "overhead": {a: 0.0 for a in cost_model.ALGORITHMS}})
     none = hpccomm.get_codec("none")
     # dense: the lean path less the bare call next to it (the pattern's 1 KiB
@@ -302,7 +347,8 @@ def main(argv=None) -> int:
                "machine": {"hosts": hosts, "ranks": P, "mpi": MPI.Get_library_version().split("\n")[0].strip()},
                "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
                "patterns": patterns, "kernels": kernels, "overhead": overhead,
-               "calls": calls, "waits": waits, "oversubscription": over}
+               "calls": calls, "waits": waits, "overlap": overlap,
+               "oversubscription": over}
     if rank == 0:
         cost_model.save(profile, path)
         print(f"# hpccomm calibrate ({mode}, P = {P}, {time.perf_counter() - t0:.1f} s): "
@@ -311,6 +357,7 @@ def main(argv=None) -> int:
             print(f"#   {name:<10} " + "  ".join(f"{b} B: {t * 1e6:.1f} us" for b, t in pts))
         print("#   waits after      " + "  ".join(f"{c * 1e6:.0f} us: {w * 1e6:.1f} us"
                                                    for c, w in waits[1:]))
+        print(f"#   overlap of transfers and kernels: {overlap:.2f}")
         print("#   overhead per call: " + "  ".join(f"{a} {t * 1e6:.1f} us"
                                                    for a, t in overhead.items()))
     comm.Free()
