@@ -1,0 +1,32 @@
+"""Counts of the model check: predictions within 20 % per run, and the
+outliers tallied by the term that misses most (from the *-predicted.md files
+that run.sh writes).
+
+    python docs/data/i33/model/summary.py [DIR]
+"""
+import collections
+import glob
+import os
+import re
+import sys
+
+here = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+order = {"shm": 0, "1gbit": 1, "4gbit": 2}
+files = sorted(glob.glob(os.path.join(here, "*-predicted.md")),
+               key=lambda f: (order.get(os.path.basename(f).split("-")[0], 9), f))
+within = total = 0
+tally = collections.Counter()
+print("| run | within 20 % | outliers: term that misses most |")
+print("|---|---:|---|")
+for f in files:
+    text = open(f, encoding="utf-8").read()
+    w, t = map(int, re.search(r"(\d+) of (\d+) predictions within", text).groups())
+    within, total = within + w, total + t
+    causes = collections.Counter(re.findall(
+        r"^- [^;]*; ((?:per-call Python|kernels|MPI) (?:over|under))-predicted", text, re.M))
+    tally.update(causes)
+    run = os.path.basename(f)[:-len("-predicted.md")]
+    print(f"| {run} | {w} of {t} ({100 * w / t:.0f} %) | "
+          + ", ".join(f"{k} {v}" for k, v in causes.most_common()) + " |")
+print(f"| all | {within} of {total} ({100 * within / total:.0f} %) | "
+      + ", ".join(f"{k} {v}" for k, v in tally.most_common()) + " |")
