@@ -441,10 +441,11 @@ def strided_sample_abs(x, s, key, counter, e=None):
     return np.abs(x[at] if e is None else x[at] + e[at])
 
 
-@njit(cache=True, nogil=True)
 def kth_largest(a, k):
     """The ``k``-th largest value of ``a`` (``1 <= k <= a.size``; NaN counts
-    as the largest value)."""
+    as the largest value).  numpy's introselect, called from Python: numba's
+    ``np.partition`` takes 10-16x as long (25,600 float32: 187 against 18 us;
+    2^20: 9.9 against 0.64 ms)."""
     return np.partition(a, a.size - k)[a.size - k]
 
 
