@@ -648,3 +648,14 @@ def test_a_short_soak_holds_nothing_more_at_the_end(tmp_path, bound):
             assert most <= 48 and samples[-1]["rss_mib"] < 1.05 * first["rss_mib"], samples
         else:
             assert most > 100 and "soak: GROWS" in proc.stdout, samples
+
+
+def test_calibrate_skips_a_call_the_algorithm_cannot_make():
+    """A codec an algorithm cannot carry gets no per-call term (its call would
+    raise on every rank); one it can carry gets a measured time."""
+    from mpi4py import MPI
+
+    from hpccomm.bench.calibrate import measure_call
+
+    assert measure_call(MPI.COMM_SELF, "onebit", "no-such-algorithm", 1024, 3) is None
+    assert measure_call(MPI.COMM_SELF, "onebit", "allgather", 1024, 3) > 0
