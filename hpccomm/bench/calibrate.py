@@ -29,6 +29,7 @@ where ``auto`` looks for it.  About half a minute by default (``--quick``: secon
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import sys
 import time
@@ -57,6 +58,13 @@ SMALL_REPS = 50
 
 def _reps(size: int, reps: int, small: int) -> int:
     return max(reps, SMALL_REPS) if size <= small else reps
+
+
+def _blocks(buf, block: int, P: int):
+    """``buf`` as ``P`` blocks of ``block`` bytes, for a vector collective."""
+    from mpi4py import MPI
+
+    return [buf, ([block] * P, [block * j for j in range(P)]), MPI.BYTE]
 
 
 def _slowest_median(comm, fn, reps):
@@ -90,12 +98,10 @@ def measure_patterns(comm, sizes, reps):
         block = max(1, nbytes)
         sb = np.ones(block * P, np.uint8)
         rb = np.empty_like(sb)
-        counts, displs = [block] * P, [block * j for j in range(P)]
         out["alltoallv"].append([nbytes, _slowest_median(
-            comm, lambda: comm.Alltoallv([sb, (counts, displs), MPI.BYTE],
-                                         [rb, (counts, displs), MPI.BYTE]), r)])
+            comm, lambda: comm.Alltoallv(_blocks(sb, block, P), _blocks(rb, block, P)), r)])
         out["allgatherv"].append([nbytes, _slowest_median(
-            comm, lambda: comm.Allgatherv(sb[:block], [rb, (counts, displs), MPI.BYTE]), r)])
+            comm, lambda: comm.Allgatherv(sb[:block], _blocks(rb, block, P)), r)])
     return out
 
 
@@ -131,7 +137,7 @@ def measure_kernels(comm, codec, n, reps):
     rng = np.random.default_rng(n)
     xs = [rng.standard_normal(n).astype(np.float32) for _ in range(INPUTS)]
     ctx = EncodeContext(shape=(n,))
-    turn = iter(range(1 << 62))
+    turn = itertools.count()
     feedback = codec.biased and getattr(codec, "encode_with_feedback", None) is not None
     if feedback:
         worker = _Feedback(n, lambda x, e, e_out: codec.encode_with_feedback(x, e, e_out, ctx))
@@ -179,7 +185,7 @@ def measure_call(comm, codec, algorithm, n, reps):
         return None
     for _ in range(20):
         r(x, key="calibrate", out=out)
-    return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, 50))
+    return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, SMALL_REPS))
 
 
 #: elements of the compute phases that :func:`measure_waits` times
@@ -221,11 +227,10 @@ def measure_overlap(comm, reps, block=1 << 17, segments=8):
     from mpi4py import MPI
 
     P = comm.Get_size()
-    sb = np.ones(block * P, np.uint8)
-    rbs = [np.empty_like(sb) for _ in range(2)]
-    spec = lambda buf: [buf, ([block] * P, [block * j for j in range(P)]), MPI.BYTE]  # noqa: E731
+    send = _blocks(np.ones(block * P, np.uint8), block, P)
+    recvs = [_blocks(np.empty(block * P, np.uint8), block, P) for _ in range(2)]
     r = max(reps, 15)
-    wire = _slowest_median(comm, lambda: comm.Alltoallv(spec(sb), spec(rbs[0])), r)
+    wire = _slowest_median(comm, lambda: comm.Alltoallv(send, recvs[0]), r)
     x = np.ones(1 << 20, np.float32)
     y = np.empty_like(x)
     one = _slowest_median(comm, lambda: np.multiply(x, np.float32(1.0001), out=y), r)
@@ -239,7 +244,7 @@ def measure_overlap(comm, reps, block=1 << 17, segments=8):
         pending = None
         for s in range(segments):
             work()
-            req = comm.Ialltoallv(spec(sb), spec(rbs[s % 2]))
+            req = comm.Ialltoallv(send, recvs[s % 2])
             if pending is not None:
                 pending.Wait()
             pending = req

@@ -72,15 +72,13 @@ class NetworkModel:
         P, c, name = self.P, self.costs, codec.name
         m = -(-n // P)
         chunk = cost_model.wire_bytes(codec, m, (m,))
-        kernels = (P * c.kernel(name, "encode", m) + c.kernel(name, "owner", m)
-                   + max(P - 2, 0) * c.kernel(name, "decode", m)
-                   + (P - 1) * c.kernel(name, "decode", m))
+        kernels = c.twoshot_terms(name, n, P, chunk)["kernels"]     # the profile's, per rank
         wire = 2 * (P - 1) * (self.alpha + chunk / self.rate)
         S = min(16, max(1, n // SEGMENT_ELEMENTS)) if codec.segment_unit((n,)) else 1
         twoshot = (max(kernels, wire) + min(kernels, wire) / S if S > 1 else kernels + wire)
         whole = cost_model.wire_bytes(codec, n, (n,))
-        allgather = (c.kernel(name, "encode", n) + (P - 1) * (self.alpha + whole / self.rate)
-                     + P * c.kernel(name, "decode", n))
+        allgather = (c.allgather_terms(name, n, P, whole)["kernels"]
+                     + (P - 1) * (self.alpha + whole / self.rate))
         return {"twoshot": twoshot + c.call_overhead(name, "twoshot"),
                 "allgather": allgather + c.call_overhead(name, "allgather")}
 
