@@ -106,9 +106,10 @@ def measure_patterns(comm, sizes, reps):
 
 
 #: inputs the kernels cycle through, and the steps taken before timing: the
-#: residual of error feedback grows over the first steps of training, and some
-#: kernels slow down with it (topk's encode at 8K elements: 43 us with a fresh
-#: residual, 88 us after 20 steps)
+#: residual of error feedback grows over the first steps of training, and a
+#: kernel's cost can depend on it (topk's encode of 32K elements took 91 us with
+#: a fresh residual and 257 us with a carried one while its selection was
+#: numba's partition; docs/data/i33/kth/)
 INPUTS, STEADY_STEPS = 4, 20
 
 

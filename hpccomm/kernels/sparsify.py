@@ -444,8 +444,8 @@ def strided_sample_abs(x, s, key, counter, e=None):
 def kth_largest(a, k):
     """The ``k``-th largest value of ``a`` (``1 <= k <= a.size``; NaN counts
     as the largest value).  numpy's introselect, called from Python: numba's
-    ``np.partition`` takes 10-16x as long (25,600 float32: 187 against 18 us;
-    2^20: 9.9 against 0.64 ms)."""
+    ``np.partition`` takes 7-15x as long (25,600 float32: 187 against 16 us;
+    2^20: 4.3 against 0.60 ms; docs/data/i33/kth/selection.py)."""
     return np.partition(a, a.size - k)[a.size - k]
 
 
