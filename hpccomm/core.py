@@ -419,9 +419,11 @@ class Allreducer:
         """How ``key``'s next call of the same shape and dtype will run:
         ``"dense"`` (one plain ``MPI_Allreduce``, :meth:`_lean_call`),
         ``"plan"`` (the algorithm's plan for the key, :meth:`_planned_call`),
+        ``"kernels"`` (a plan that runs the codec's kernels alone, on packets
+        laid out once: :class:`~hpccomm.collectives.twoshot.TwoShotPlan`),
         or None (the general path) -- for profiling and tests."""
         lean = self._lean.get(key)
-        return None if lean is None else "dense" if lean.plan is None else "plan"
+        return None if lean is None else "dense" if lean.plan is None else lean.plan.kind
 
     def keys(self) -> list:
         """The keys whose state this reducer keeps, the least recently called first."""

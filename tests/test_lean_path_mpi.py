@@ -78,7 +78,7 @@ def test_nan_on_one_rank_after_lean_calls_is_raised_everywhere():
                                              "key 'g' names a tensor of 500 elements, this "
                                              "call has 501"),
                                             ("strided", "ValueError", "not C-contiguous")])
-@pytest.mark.parametrize("algorithm,path", [("auto", "dense"), ("twoshot", "plan")])
+@pytest.mark.parametrize("algorithm,path", [("auto", "dense"), ("twoshot", "kernels")])
 def test_bad_input_on_one_rank_after_lean_calls_is_raised_everywhere(bad, error, text,
                                                                      algorithm, path):
     """After repeated calls, dense (the lean path) or compressed (the

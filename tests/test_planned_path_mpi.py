@@ -18,6 +18,15 @@ pytestmark = pytest.mark.mpi
 
 #: codecs with fixed-size packets and an owner step
 PLANNED = ["onebit", "fp16", "bf16", "qsgd", "terngrad", "fp8"]
+#: those whose plan runs their kernels on packets laid out once
+LAID_OUT = ["onebit", "fp16", "bf16"]
+
+
+def planned_path(codec):
+    """What ``repeat_path`` reports for a planned key of ``codec``."""
+    if SIZE == 1:
+        return None
+    return "kernels" if codec in LAID_OUT else "plan"
 
 
 def run(reducer, steps, n=1001, out_mode="new", key="g"):
@@ -48,7 +57,26 @@ def test_repeated_calls_take_the_plan_with_the_general_paths_bits(codec, ef, che
         stats[fused] = (reducer.stats.calls, reducer.stats.bytes_sent, reducer.stats.bytes_recv,
                         reducer.stats.last.modelled)
         if fused:
-            assert reducer.repeat_path("g") == ("plan" if SIZE > 1 else None)
+            assert reducer.repeat_path("g") == planned_path(codec)
+    assert runs[True] == runs[False]
+    assert stats[True] == stats[False]
+
+
+@pytest.mark.parametrize("codec", LAID_OUT)
+@pytest.mark.parametrize("ef", [True, False])
+def test_laid_out_packets_of_several_chunks(codec, ef):
+    """The laid-out plan with every rank's chunk non-empty (onebit's
+    1-D columns are 4096 long: ``n`` spans several) and odd lengths:
+    results, residuals, steps and bytes of the reference."""
+    runs, stats = {}, {}
+    n = 4096 * SIZE + 37
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=fused,
+                                     error_feedback=ef)
+        runs[fused] = run(reducer, 4, n=n, out_mode="separate")
+        stats[fused] = (reducer.stats.calls, reducer.stats.bytes_sent, reducer.stats.bytes_recv)
+        if fused:
+            assert reducer.repeat_path("g") == planned_path(codec)
     assert runs[True] == runs[False]
     assert stats[True] == stats[False]
 
@@ -65,36 +93,41 @@ def test_every_kind_of_out(out_mode):
 
 
 @pytest.mark.mpi(min_size=2)
-def test_a_rank_on_the_general_path_meets_the_others_on_the_plan():
-    """Rank 0 passes an ``out`` that overlaps its input (the general path),
-    the others a separate one (the plan): the same collectives, the
-    reference's bits."""
+@pytest.mark.parametrize("codec", ["qsgd", "onebit", "bf16"])
+def test_a_rank_on_the_general_path_meets_the_others_on_the_plan(codec):
+    """Rank 0 passes an ``out`` that overlaps its input (the general path,
+    which checks the headers of the packets the plan sent it), the others a
+    separate one (the plan): the same collectives, the reference's bits."""
     got = {}
     for fused in (True, False):
-        reducer = hpccomm.Allreducer(COMM, codec="qsgd", algorithm="twoshot", fused=fused,
+        reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=fused,
                                      error_feedback=True)
-        got[fused] = run(reducer, 4, out_mode="overlapping" if RANK == 0 else "separate")
+        got[fused] = run(reducer, 4, n=4096 * SIZE + 37,
+                         out_mode="overlapping" if RANK == 0 else "separate")
     assert got[True] == got[False]
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("codec", ["onebit", "qsgd"])   # the check deferred / made before
-def test_nan_on_one_rank_after_planned_calls_is_raised_everywhere(codec):
+@pytest.mark.parametrize("codec,ef", [("onebit", True), ("qsgd", False),   # the check deferred /
+                                       ("fp16", True), ("bf16", False)])   # made before
+def test_nan_on_one_rank_after_planned_calls_is_raised_everywhere(codec, ef):
     """A NaN on one rank: its fused encode counts it (onebit with error
     feedback: the check waits for the encode) or the reducer's scan finds it
     (qsgd without): every rank raises the same error, and the key goes on
     working with the reference's bits."""
-    reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot")
-    ref = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=False)
-    x = rank_data(777)
+    reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", error_feedback=ef)
+    ref = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=False,
+                             error_feedback=ef)
+    x = rank_data(4096 * SIZE + 37)
     for _ in range(3):
         assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
-    assert reducer.repeat_path("g") == "plan"
+    assert reducer.repeat_path("g") == planned_path(codec)
     bad = x.copy()
     if RANK == SIZE - 1:
-        bad[5] = np.nan
+        bad[5] = bad[-3] = np.nan    # the first and the last chunk
     (name, message), same = raise_everywhere(lambda: reducer(bad, key="g"))
     assert same and name == "NonFiniteError" and f"rank {SIZE - 1}" in message, message
+    assert raise_everywhere(lambda: ref(bad, key="g"))[0] == (name, message)
     assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
 
 
@@ -128,5 +161,5 @@ def test_only_small_calls_get_a_plan():
     for key, n in (("small", small), ("large", large)):
         for _ in range(2):
             reducer(rank_data(n), key=key)
-    assert reducer.repeat_path("small") == ("plan" if SIZE > 1 else None)
+    assert reducer.repeat_path("small") == planned_path("fp16")
     assert reducer.repeat_path("large") is None

@@ -333,12 +333,18 @@ class Codec:
             return x, e, e_out
         return x.reshape(-1), (None if e is None else e.reshape(-1)), e_out.reshape(-1)
 
-    def _raise_nonfinite(self, bad: int) -> None:
-        """Raise for ``bad`` non-finite values counted by a fused kernel,
-        under ``nonfinite="raise"``."""
+    def nonfinite_error(self, bad: int) -> Optional[NonFiniteError]:
+        """The error for ``bad`` non-finite values counted by a fused kernel
+        under ``nonfinite="raise"``, else None."""
         if bad and self.nonfinite == "raise":
-            raise NonFiniteError(f"{self.name}: input holds {bad} NaN/Inf value(s) "
-                                 "(policy nonfinite='raise')")
+            return NonFiniteError(f"{self.name}: input holds {bad} NaN/Inf value(s) "
+                                  "(policy nonfinite='raise')")
+        return None
+
+    def _raise_nonfinite(self, bad: int) -> None:
+        """Raise :meth:`nonfinite_error` when there is one."""
+        if bad and (err := self.nonfinite_error(bad)) is not None:
+            raise err
 
     def new_packet(self, nbytes: int, n: int, extra: int = 0, zeroed: bool = True) -> np.ndarray:
         """A packet of ``nbytes`` with the common header filled in, its payload
@@ -348,6 +354,37 @@ class Codec:
         packet = (np.zeros if zeroed else np.empty)(nbytes, dtype=np.uint8)
         _HEADER_STRUCT.pack_into(packet, 0, MAGIC, self.version, self.codec_id, extra, n)
         return packet
+
+    # -- kernels on packets laid out once --------------------------------------
+    # A codec whose packet layout depends only on (n, shape) may offer its
+    # kernels on packets laid out once -- a repeated call's plan
+    # (:class:`hpccomm.collectives.twoshot.TwoShotPlan`) writes the headers
+    # and takes the payload views when it is made, then runs the kernels
+    # alone.  Such a codec implements, besides ``encode_with_feedback`` and
+    # ``owner_step`` (which it builds from them):
+    #
+    # * ``payload_views(packet, n, shape)``: the payload of a packet of ``n``
+    #   elements as the arrays its kernels take;
+    # * ``payload_row_views(packets, m, shape)``: the same for the packets of
+    #   one chunk of ``m``, equally spaced in one buffer, as rows;
+    # * ``encode_views(views, x, e, e_out) -> bad``: ``encode_with_feedback``
+    #   into ``views`` (NaN/Inf counted, not raised);
+    # * ``owner_views(rows, e, e_out, out, views) -> bad``: ``owner_step``
+    #   from ``rows`` into ``views``;
+    # * ``decode_views(views, out, add)``;
+    # * ``header_extra(n, shape)`` where the header's ``extra`` is not 0.
+
+    def header_extra(self, n: int, shape: tuple) -> int:
+        """The codec-specific uint32 of the header of a packet of ``n``."""
+        return 0
+
+    def bind_packet(self, packet: np.ndarray, n: int, shape: tuple):
+        """Write the header of ``packet`` (of this codec's size for ``n``
+        elements of a tensor of ``shape``) and return its
+        ``payload_views``."""
+        _HEADER_STRUCT.pack_into(packet, 0, MAGIC, self.version, self.codec_id,
+                                 self.header_extra(n, shape), n)
+        return self.payload_views(packet, n, shape)
 
     def check_packet(self, packet: np.ndarray, out: np.ndarray):
         """Validate header and size of ``packet`` against ``out``; return the

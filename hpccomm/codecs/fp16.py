@@ -53,7 +53,7 @@ class HalfWidthCodec(Codec):
         return packet
 
     def _decode_into(self, packet, header, out, add):
-        self._from_bits(packet[HEADER_SIZE:].view(np.uint16), out, add)
+        self.decode_views(packet[HEADER_SIZE:].view(np.uint16), out, add)
 
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in one pass over the chunk
@@ -64,12 +64,10 @@ class HalfWidthCodec(Codec):
         m = out.size
         for packet in received:
             self.check_packet(packet, out)
-        bits = payload_rows(received, HEADER_SIZE, np.uint16, m)
-        packet = self.new_packet(self.wire_size(m), m, zeroed=False)
-        bad = K.half_owner_step(bits, self.bfloat, out if e is None else e, e is not None,
-                                e_out is not None, packet[HEADER_SIZE:].view(np.uint16),
-                                out if e_out is None else e_out, out)
-        self._raise_nonfinite(bad)
+        packet = np.empty(self.wire_size(m), np.uint8)
+        self._raise_nonfinite(self.owner_views(self.payload_row_views(received, m, ctx.shape),
+                                               e, e_out, out,
+                                               self.bind_packet(packet, m, ctx.shape)))
         return packet
 
     def encode_with_feedback(self, x, e, e_out, ctx):
@@ -77,12 +75,31 @@ class HalfWidthCodec(Codec):
         ``e_out = v - decode(packet)`` in one pass
         (:func:`~hpccomm.kernels.halfwidth.half_encode_feedback`)."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
-        packet = self.new_packet(self.wire_size(x.size), x.size, zeroed=False)
-        bad = K.half_encode_feedback(x, x if e is None else e, e is not None,
-                                     self.bfloat, packet[HEADER_SIZE:].view(np.uint16),
-                                     e_out)
-        self._raise_nonfinite(bad)
+        packet = np.empty(self.wire_size(x.size), np.uint8)
+        self._raise_nonfinite(self.encode_views(self.bind_packet(packet, x.size, ctx.shape),
+                                                x, e, e_out))
         return packet
+
+    # -- the kernels on laid-out packets (see Codec.bind_packet) --------------
+    @staticmethod
+    def payload_views(packet, n, shape):
+        """``bits``: the ``n`` uint16 patterns."""
+        return packet[HEADER_SIZE:HEADER_SIZE + 2 * n].view(np.uint16)
+
+    @staticmethod
+    def payload_row_views(packets, m, shape):
+        return payload_rows(packets, HEADER_SIZE, np.uint16, m)
+
+    def encode_views(self, bits, x, e, e_out):
+        return K.half_encode_feedback(x, x if e is None else e, e is not None, self.bfloat, bits,
+                                      e_out)
+
+    def owner_views(self, rows, e, e_out, out, bits):
+        return K.half_owner_step(rows, self.bfloat, out if e is None else e, e is not None,
+                                 e_out is not None, bits, out if e_out is None else e_out, out)
+
+    def decode_views(self, bits, out, add):
+        self._from_bits(bits, out, add)
 
 
 @register_codec

@@ -132,11 +132,9 @@ class OneBitCodec(Codec):
 
     def _encode(self, x, ctx):
         n = x.size
-        col_len = min(self.column_length(ctx.shape, n), max(n, 1))
-        ncols = -(-n // col_len)
+        col_len = self.header_extra(n, ctx.shape)
         packet = self.new_packet(packet_size(n, col_len), n, extra=col_len, zeroed=False)
-        means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
-        words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
+        col_len, means, words = self._views(packet, n, col_len)
         tiles = _tile_columns(n, col_len)
         if tiles:
             K.onebit_encode_tiles(x, x, False, False, col_len, means, words, x, None, tiles)
@@ -151,20 +149,9 @@ class OneBitCodec(Codec):
         of encode, decode and subtract.  ``x``, ``e``, ``e_out``: float32,
         contiguous, of one length."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
-        n = x.size
-        col_len = min(self.column_length(ctx.shape, n), max(n, 1))
-        ncols = -(-n // col_len)
-        packet = self.new_packet(packet_size(n, col_len), n, extra=col_len, zeroed=False)
-        means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
-        words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
-        tiles = _tile_columns(n, col_len)
-        if tiles:
-            bad = K.onebit_encode_tiles(x, x if e is None else e, e is not None, True, col_len,
-                                        means, words, e_out, None, tiles)
-        else:
-            bad = K.onebit_encode_feedback(x, x if e is None else e, e is not None,
-                                           col_len, means, words, e_out)
-        self._raise_nonfinite(bad)
+        packet = np.empty(packet_size(x.size, self.header_extra(x.size, ctx.shape)), np.uint8)
+        self._raise_nonfinite(self.encode_views(self.bind_packet(packet, x.size, ctx.shape),
+                                                x, e, e_out))
         return packet
 
     def owner_step(self, received, e, e_out, out, ctx):
@@ -186,34 +173,69 @@ class OneBitCodec(Codec):
             elif col_len != cols:
                 raise PacketError(f"{self.name}: packets of one chunk with column lengths "
                                   f"{cols} and {col_len}")
-        ncols = -(-m // cols) if m else 0
-        mbytes = 8 * ncols
-        means = payload_rows(received, HEADER_SIZE, np.float32, 2 * ncols)
-        words = payload_rows(received, HEADER_SIZE + mbytes, np.uint32, -(-m // 32))
-        tiles = _tile_columns(m, max(cols, 1))
-        if tiles:
-            K.onebit_decode_sum_tiles(means, words, cols, out, tiles)
-        else:
-            K.onebit_decode_sum(means, words, max(cols, 1), out)
-        col_len = min(self.column_length(ctx.shape, m), max(m, 1))
-        nc = -(-m // col_len)
-        packet = self.new_packet(packet_size(m, col_len), m, extra=col_len, zeroed=False)
-        pm = packet[HEADER_SIZE:HEADER_SIZE + 8 * nc].view(np.float32)
-        pw = packet[HEADER_SIZE + 8 * nc:].view(np.uint32)
-        feedback = e_out is not None
-        args = (out, out if e is None else e, e is not None, feedback, col_len, pm, pw,
-                out if e_out is None else e_out, out)
-        tiles = _tile_columns(m, col_len)
-        bad = (K.onebit_encode_tiles(*args, tiles) if tiles else K.onebit_owner_step(*args))
-        self._raise_nonfinite(bad)
+        packet = np.empty(packet_size(m, self.header_extra(m, ctx.shape)), np.uint8)
+        self._raise_nonfinite(self.owner_views(self._row_views(received, m, cols), e, e_out, out,
+                                               self.bind_packet(packet, m, ctx.shape)))
         return packet
 
     def _decode_into(self, packet, header, out, add):
-        n, col_len = out.size, int(header["extra"])
+        self.decode_views(self._views(packet, out.size, int(header["extra"])), out, add)
+
+    # -- the kernels on laid-out packets (see Codec.bind_packet) --------------
+    def header_extra(self, n, shape):
+        """The column length written into the header: ``H`` clamped to ``[1, max(n, 1)]``."""
+        return min(self.column_length(shape, n), max(n, 1))
+
+    @staticmethod
+    def _views(packet, n, col_len):
         ncols = -(-n // col_len)
-        means = packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32)
-        words = packet[HEADER_SIZE + 8 * ncols:].view(np.uint32)
-        tiles = _tile_columns(n, col_len)
+        return (col_len, packet[HEADER_SIZE:HEADER_SIZE + 8 * ncols].view(np.float32),
+                packet[HEADER_SIZE + 8 * ncols:].view(np.uint32))
+
+    def payload_views(self, packet, n, shape):
+        """``(H, means, words)``: the column length, the per-column means and
+        the sign words of a packet of ``n`` elements."""
+        return self._views(packet, n, self.header_extra(n, shape))
+
+    @staticmethod
+    def _row_views(packets, m, cols):
+        ncols = -(-m // cols) if m else 0
+        return (max(cols, 1), payload_rows(packets, HEADER_SIZE, np.float32, 2 * ncols),
+                payload_rows(packets, HEADER_SIZE + 8 * ncols, np.uint32, -(-m // 32)))
+
+    def payload_row_views(self, packets, m, shape):
+        """``(H, means, words)`` of the packets of one chunk of ``m``, as rows."""
+        return self._row_views(packets, m, self.header_extra(m, shape))
+
+    @staticmethod
+    def encode_views(views, x, e, e_out):
+        col_len, means, words = views
+        tiles = _tile_columns(x.size, col_len)
+        if tiles:
+            return K.onebit_encode_tiles(x, x if e is None else e, e is not None, True, col_len,
+                                         means, words, e_out, None, tiles)
+        return K.onebit_encode_feedback(x, x if e is None else e, e is not None,
+                                        col_len, means, words, e_out)
+
+    @staticmethod
+    def owner_views(rows, e, e_out, out, views):
+        m = out.size
+        cols, rmeans, rwords = rows
+        tiles = _tile_columns(m, cols)
+        if tiles:
+            K.onebit_decode_sum_tiles(rmeans, rwords, cols, out, tiles)
+        else:
+            K.onebit_decode_sum(rmeans, rwords, cols, out)
+        col_len, pm, pw = views
+        args = (out, out if e is None else e, e is not None, e_out is not None, col_len, pm, pw,
+                out if e_out is None else e_out, out)
+        tiles = _tile_columns(m, col_len)
+        return K.onebit_encode_tiles(*args, tiles) if tiles else K.onebit_owner_step(*args)
+
+    @staticmethod
+    def decode_views(views, out, add):
+        col_len, means, words = views
+        tiles = _tile_columns(out.size, col_len)
         if tiles:
             K.onebit_decode_tiles(words, means, col_len, out, add, tiles)
         else:

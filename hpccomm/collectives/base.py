@@ -105,6 +105,15 @@ def chunk_bounds(n: int, parts: int, align: int = 1) -> np.ndarray:
     return starts
 
 
+def input_error(exc: Exception, x: np.ndarray, codec_name: str) -> Exception:
+    """What a call raises on every rank for ``exc``, raised by an encode of
+    (part of) ``x``: the reducer's own error for NaN/Inf in ``x``, counted
+    over the whole input (the kernel stopped at its chunk), else ``exc``."""
+    if isinstance(exc, NonFiniteError) and (bad := count_nonfinite(x)):
+        return nonfinite_input(bad, codec_name)
+    return exc
+
+
 class Contribution:
     """This rank's compensated vector during one call: the worker side of
     error feedback, in one place (see the module docstring).
@@ -214,11 +223,7 @@ class Contribution:
         return packets
 
     def _input_error(self, exc: Exception) -> Exception:
-        """The reducer's own error for NaN/Inf in ``x`` (counted over the
-        whole input: the kernel stopped at its chunk), else ``exc``."""
-        if isinstance(exc, NonFiniteError) and (bad := count_nonfinite(self.x)):
-            return nonfinite_input(bad, self.codec.name)
-        return exc
+        return input_error(exc, self.x, self.codec.name)
 
     def _own_buffer(self) -> np.ndarray:
         if self._own is None:
@@ -358,6 +363,9 @@ class Algorithm:
 class RepeatPlan:
     """What an algorithm keeps for one key's repeated calls (see
     :meth:`Algorithm.repeat_plan`)."""
+
+    #: what :meth:`hpccomm.Allreducer.repeat_path` reports for it
+    kind = "plan"
 
     def reduce(self, x: np.ndarray, out: np.ndarray, state: KeyState, call: CallStats,
                seed: int, shape: tuple, memory: Memory, finite: bool,

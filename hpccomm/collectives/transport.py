@@ -292,10 +292,11 @@ class FixedExchange:
         self.send_counts = [int(c) for c in send_sizes]
         self.recv_counts = [int(c) for c in recv_sizes]
         self.gather_counts = [int(c) for c in gather_sizes]
-        self.sendbuf = _new_bytes(sum(self.send_counts))
+        # zeroed, made once: no byte of an earlier array can pass for a packet
+        self.sendbuf = np.zeros(sum(self.send_counts), np.uint8)
         self._send_at = [(d, d + c) for d, c in zip(_prefix(self.send_counts), self.send_counts)]
-        recvbuf = _new_bytes(sum(self.recv_counts))
-        gatherbuf = _new_bytes(sum(self.gather_counts))
+        recvbuf = np.zeros(sum(self.recv_counts), np.uint8)
+        gatherbuf = np.zeros(sum(self.gather_counts), np.uint8)
         rd, gd = _prefix(self.recv_counts), _prefix(self.gather_counts)
         self._a2a = ([self.sendbuf, (self.send_counts, _prefix(self.send_counts)), MPI.BYTE],
                      [recvbuf, (self.recv_counts, rd), MPI.BYTE])
@@ -312,11 +313,19 @@ class FixedExchange:
         counts (below them it runs every all-to-all as ``MPI_Alltoallw``)."""
         return NATIVE_LARGE_COUNTS
 
-    def alltoallv(self, packets: Sequence[np.ndarray], call: CallStats) -> "Received":
-        """``packets[j]`` (of the fixed sizes) to rank ``j``; the packets received."""
+    def send_slots(self) -> List[np.ndarray]:
+        """The send buffer's packet for every rank: views that a caller may
+        write the packets into once, then send with :meth:`alltoallv`
+        (``packets=None``)."""
+        return [self.sendbuf[lo:hi] for lo, hi in self._send_at]
+
+    def alltoallv(self, packets: Optional[Sequence[np.ndarray]], call: CallStats) -> "Received":
+        """``packets[j]`` (of the fixed sizes) to rank ``j`` -- or, for None,
+        what the :meth:`send_slots` hold; the packets received."""
         t0 = time.perf_counter()
-        for (lo, hi), p in zip(self._send_at, packets):
-            self.sendbuf[lo:hi] = p
+        if packets is not None:
+            for (lo, hi), p in zip(self._send_at, packets):
+                self.sendbuf[lo:hi] = p
         if _interval() is None:
             self.comm.Alltoallv(*self._a2a)
         else:

@@ -57,6 +57,7 @@ counts and MPI arguments, made once; its next calls run the same steps 2-5
 (:meth:`TwoShot._fused_exchange`) through them, with the same collectives.
 """
 
+import time
 from dataclasses import replace
 from typing import List, Optional, Tuple
 
@@ -65,7 +66,7 @@ import numpy as np
 from ..communicators import spans_one_node
 from ..stats import CallStats
 from .base import (Algorithm, Contribution, ReduceContext, RepeatPlan, chunk_bounds,
-                   register_algorithm)
+                   input_error, register_algorithm)
 from .transport import FixedExchange, Transport
 
 #: elements per segment of ``segments="auto"`` across nodes (8 MiB of float32)
@@ -249,7 +250,8 @@ class TwoShot(Algorithm):
         bounds, fixed, recv_sizes = self._plan(n, shape, state)
         if fixed is None or sum(fixed) > PLAN_BYTES:
             return None
-        return TwoShotPlan(self, bounds, FixedExchange(comm, fixed, recv_sizes, fixed))
+        return TwoShotPlan(self, bounds, FixedExchange(comm, fixed, recv_sizes, fixed), shape,
+                           memory)
 
     def _pipelined(self, work, out, state, ctx, S):
         """Steps 2-5 in ``S`` segments with non-blocking transfers (see the
@@ -378,19 +380,73 @@ class TwoShot(Algorithm):
 
 
 class TwoShotPlan(RepeatPlan):
-    """A key's repeated small ``twoshot`` call: the steps of
-    :meth:`TwoShot._fused_exchange`, the general path's own code, with the
-    chunk plan, the buffers and MPI arguments of both transfers
+    """A key's repeated small ``twoshot`` call: steps 2-5 of
+    :meth:`TwoShot._fused_exchange` with the chunk plan, the buffers and MPI
+    arguments of both transfers
     (:class:`~hpccomm.collectives.transport.FixedExchange`) and a transport
-    made once -- what the general path spends per call building them."""
+    made once -- what the general path spends per call building them.
 
-    def __init__(self, algorithm: TwoShot, bounds, exchange: FixedExchange):
+    With a codec that runs its kernels on packets laid out once
+    (:meth:`~hpccomm.codecs.base.Codec.bind_packet`) and a memory that is
+    a plain residual or none, the packets are laid out when the plan is
+    made: the send packets in the all-to-all's send buffer, the owner's
+    packet, and the payload views of the received and gathered packets, all
+    with their headers.  A call then runs one kernel per chunk and phase
+    and the three collectives, nothing else (:meth:`_reduce_laid_out`):
+
+    1. ``encode_views`` of every chunk into its send packet (``v = x + e``,
+       ``e_out``), stopping at a chunk with NaN/Inf; the deferred
+       cross-rank check;
+    2. the all-to-all of the send buffer as it lies;
+    3. ``owner_views``: the received rows summed in rank order, the owner
+       residual, the owner's packet and its slice of ``out``;
+    4. the allgather of the owner's packet;
+    5. ``decode_views`` of the other ranks' chunks; the residuals committed.
+
+    The bits, state, collectives and statistics are those of the general
+    path (the received headers were checked on the key's first call, and
+    the packets of a plan are of sizes fixed by the agreed call)."""
+
+    def __init__(self, algorithm: TwoShot, bounds, exchange: FixedExchange, shape: tuple,
+                 memory):
         self.algorithm = algorithm
         self.bounds = bounds
         self.exchange = exchange
         self.net = Transport(exchange.comm, CallStats())
+        self.laid_out = self._lay_out(algorithm.codec, bounds, exchange, shape, memory)
+        if self.laid_out is not None:
+            self.kind = "kernels"
+
+    @staticmethod
+    def _lay_out(codec, bounds, exchange, shape, memory):
+        """The packets of :meth:`_reduce_laid_out`, or None where it does not
+        apply: per chunk ``(lo, hi, send views)``, the owner's packet and
+        views, the received rows, per other chunk ``(lo, hi, gathered
+        views)``."""
+        if (getattr(codec, "payload_views", None) is None
+                or (memory.enabled and not memory.fusable)):
+            return None
+        r = exchange.rank
+        chunks = list(zip(bounds[:-1], bounds[1:]))
+        received = exchange.received
+        m = bounds[r + 1] - bounds[r]
+        rows = codec.payload_row_views(received, m, shape)
+        if received.stride is None or not all(
+                np.shares_memory(a, received.buffer) for a in (rows if isinstance(rows, tuple)
+                                                               else (rows,))
+                if isinstance(a, np.ndarray) and a.size):
+            return None     # the rows would be a copy made now, not a view of what arrives
+        send = exchange.send_slots()
+        owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
+        return ([(lo, hi, codec.bind_packet(p, hi - lo, shape)) for (lo, hi), p in zip(chunks, send)],
+                owner_packet, codec.bind_packet(owner_packet, m, shape), rows,
+                [(lo, hi, codec.payload_views(exchange.gathered[j], hi - lo, shape))
+                 for j, (lo, hi) in enumerate(chunks) if j != r])
 
     def reduce(self, x, out, state, call, seed, shape, memory, finite, agree):
+        if self.laid_out is not None:
+            self._reduce_laid_out(x, out, state, call, memory, agree)
+            return
         alg, net, exchange = self.algorithm, self.net, self.exchange
         net.call = call    # the transport is this plan's; its accounting is the call's
         ctx = ReduceContext(net=net, memory=memory, seed=seed, step=state.step, shape=shape,
@@ -400,3 +456,49 @@ class TwoShotPlan(RepeatPlan):
                             lambda packets: exchange.alltoallv(packets, call),
                             lambda packet: exchange.allgatherv(packet, call))
         work.commit(call)
+
+    def _reduce_laid_out(self, x, out, state, call, memory, agree):
+        """Steps 1-5 of the class docstring."""
+        codec, exchange, r = self.algorithm.codec, self.exchange, self.exchange.rank
+        sends, owner_packet, owner_views, rows, gathered = self.laid_out
+        t0 = time.perf_counter()
+        # 1. the encodes and the deferred check
+        if memory.enabled:
+            e, e_out = memory.fused_buffers(state, "worker", x.size)
+        else:       # the worker residual is not kept
+            e, e_out = None, self.algorithm.scratch("e_out", x.size)
+        err = None
+        for lo, hi, views in sends:
+            bad = codec.encode_views(views, x[lo:hi], None if e is None else e[lo:hi],
+                                     e_out[lo:hi])
+            if bad and (err := codec.nonfinite_error(bad)) is not None:
+                break
+        if agree is not None:
+            agree(None if err is None else input_error(err, x, codec.name))
+        elif err is not None:
+            raise err
+        t1 = time.perf_counter()
+        call.t_encode += t1 - t0
+        # 2. the all-to-all
+        exchange.alltoallv(None, call)
+        # 3. the owner step
+        t2 = time.perf_counter()
+        lo, hi = self.bounds[r], self.bounds[r + 1]
+        owner = memory.owner
+        eo, eo_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
+                      else (None, None))
+        bad = codec.owner_views(rows, eo, eo_out, out[lo:hi], owner_views)
+        if bad and (err := codec.nonfinite_error(bad)) is not None:
+            raise err
+        call.t_encode += time.perf_counter() - t2
+        # 4. the allgather
+        exchange.allgatherv(owner_packet, call)
+        # 5. the other chunks decoded, the residuals committed
+        t3 = time.perf_counter()
+        for lo, hi, views in gathered:
+            codec.decode_views(views, out[lo:hi], False)
+        if owner.enabled:
+            owner.commit_fused(state, "owner")
+        if memory.enabled:
+            memory.commit_fused(state, "worker")
+        call.t_decode += time.perf_counter() - t3
