@@ -63,7 +63,9 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
+from ..codecs.base import HEADER_SIZE
 from ..communicators import spans_one_node
+from ..errors import PacketError
 from ..stats import CallStats
 from .base import (Algorithm, Contribution, ReduceContext, RepeatPlan, chunk_bounds,
                    input_error, register_algorithm)
@@ -403,9 +405,11 @@ class TwoShotPlan(RepeatPlan):
     4. the allgather of the owner's packet;
     5. ``decode_views`` of the other ranks' chunks; the residuals committed.
 
-    The bits, state, collectives and statistics are those of the general
-    path (the received headers were checked on the key's first call, and
-    the packets of a plan are of sizes fixed by the agreed call)."""
+    The received and the gathered packets' headers are compared with
+    those the plan expects, all in one vectorised comparison per transfer
+    (:class:`_Headers`), before a kernel reads their payload: a corrupted
+    packet is refused as the general path refuses it.  The bits, state,
+    collectives and statistics are those of the general path."""
 
     def __init__(self, algorithm: TwoShot, bounds, exchange: FixedExchange, shape: tuple,
                  memory):
@@ -438,10 +442,14 @@ class TwoShotPlan(RepeatPlan):
             return None     # the rows would be a copy made now, not a view of what arrives
         send = exchange.send_slots()
         owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
+        others = [j for j in range(len(chunks)) if j != r]
         return ([(lo, hi, codec.bind_packet(p, hi - lo, shape)) for (lo, hi), p in zip(chunks, send)],
                 owner_packet, codec.bind_packet(owner_packet, m, shape), rows,
                 [(lo, hi, codec.payload_views(exchange.gathered[j], hi - lo, shape))
-                 for j, (lo, hi) in enumerate(chunks) if j != r])
+                 for j, (lo, hi) in enumerate(chunks) if j != r],
+                _Headers(codec, shape, received, range(len(chunks)), [m] * len(chunks)),
+                _Headers(codec, shape, exchange.gathered, others,
+                         [chunks[j][1] - chunks[j][0] for j in others]))
 
     def reduce(self, x, out, state, call, seed, shape, memory, finite, agree):
         if self.laid_out is not None:
@@ -460,7 +468,7 @@ class TwoShotPlan(RepeatPlan):
     def _reduce_laid_out(self, x, out, state, call, memory, agree):
         """Steps 1-5 of the class docstring."""
         codec, exchange, r = self.algorithm.codec, self.exchange, self.exchange.rank
-        sends, owner_packet, owner_views, rows, gathered = self.laid_out
+        sends, owner_packet, owner_views, rows, gathered, rheads, gheads = self.laid_out
         t0 = time.perf_counter()
         # 1. the encodes and the deferred check
         if memory.enabled:
@@ -483,6 +491,7 @@ class TwoShotPlan(RepeatPlan):
         exchange.alltoallv(None, call)
         # 3. the owner step
         t2 = time.perf_counter()
+        rheads.check()
         lo, hi = self.bounds[r], self.bounds[r + 1]
         owner = memory.owner
         eo, eo_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
@@ -495,6 +504,7 @@ class TwoShotPlan(RepeatPlan):
         exchange.allgatherv(owner_packet, call)
         # 5. the other chunks decoded, the residuals committed
         t3 = time.perf_counter()
+        gheads.check()
         for lo, hi, views in gathered:
             codec.decode_views(views, out[lo:hi], False)
         if owner.enabled:
@@ -502,3 +512,37 @@ class TwoShotPlan(RepeatPlan):
         if memory.enabled:
             memory.commit_fused(state, "worker")
         call.t_decode += time.perf_counter() - t3
+
+
+class _Headers:
+    """The headers a plan expects of the packets ``sources`` of a receive
+    buffer (``packets``: a :class:`~hpccomm.collectives.transport.Received`),
+    of ``counts`` elements each: :meth:`check` compares them all with one
+    gather and one comparison, and refuses a mismatch as the codec's header
+    check does (:class:`~hpccomm.errors.PacketError`)."""
+
+    def __init__(self, codec, shape, packets, sources, counts):
+        self.codec, self.packets = codec, packets
+        self.sources, self.counts = list(sources), list(counts)
+        starts = [packets[j].ctypes.data - packets.buffer.ctypes.data for j in self.sources]
+        self.index = (np.asarray(starts, np.intp)[:, None]
+                      + np.arange(HEADER_SIZE, dtype=np.intp)).reshape(-1)
+        expected = []
+        for j, n in zip(self.sources, self.counts):
+            packet = np.zeros(packets[j].size, np.uint8)
+            codec.bind_packet(packet, n, shape)
+            expected.append(packet[:HEADER_SIZE])
+        self.expected = (np.concatenate(expected) if expected
+                         else np.zeros(0, np.uint8))
+
+    def check(self) -> None:
+        if np.array_equal(self.packets.buffer[self.index], self.expected):
+            return
+        for i, (j, n) in enumerate(zip(self.sources, self.counts)):
+            packet = self.packets[j]
+            self.codec.check_header(packet, n)      # raises for what it can name
+            want = self.expected[i * HEADER_SIZE:(i + 1) * HEADER_SIZE]
+            if not np.array_equal(packet[:HEADER_SIZE], want):
+                raise PacketError(f"{self.codec.name}: the packet from rank {j} has the "
+                                  f"header {packet[:HEADER_SIZE].tobytes().hex()}, this "
+                                  f"call's is {want.tobytes().hex()}")
