@@ -12,7 +12,7 @@ machine and communicator size, as JSON::
      "kernels": {"onebit": {"encode": [[n, seconds], ...], "owner": [...],
                             "decode": [...]}, ...},
      "overhead": {"dense": seconds, "twoshot": seconds, "allgather": seconds},
-     "calls": {"onebit": {"twoshot": seconds, "allgather": seconds}, ...},  (optional)
+     "calls": {"onebit": {"twoshot": seconds, "allgather": seconds}, ...},  (optional; signed)
      "waits": [[seconds of kernels, seconds waited], ...],                    (optional)
      "overlap": share of a transfer that runs under a compute phase, 0..1 (optional)
      "oversubscription": ranks per core on the busiest node (optional, >= 1)}
@@ -55,7 +55,11 @@ Per-call cost: ``overhead`` is the Python of one call per algorithm with the
 ``none`` codec (for ``dense``: the reducer's lean path); ``calls[codec][alg]``
 the same for a codec's own calls (validation, packet headers, dispatch into its
 kernels), measured as a whole call on 1024 elements less what the patterns and
-kernels predict for it.  A codec without an entry gets ``overhead``.
+kernels predict for it.  It may be negative: the kernel terms time each kernel
+through its codec call, with that call's Python, and a repeated call whose plan
+runs the kernels alone (``twoshot``'s laid-out plan: onebit, fp16, bf16) skips
+it; a negative term takes back at most the call's kernels.  A codec without an
+entry gets ``overhead``.
 
 Without a profile (or with one that cannot be read) the built-in
 :data:`DEFAULT` applies: this package's measurements on a 2-core shared-memory
@@ -149,9 +153,9 @@ def validate(data) -> dict:
     if not isinstance(calls, dict) or any(
             not isinstance(per, dict) or any(
                 a not in ALGORITHMS[1:] or not isinstance(t, (int, float))
-                or not math.isfinite(t) or t < 0 for a, t in per.items())
+                or not math.isfinite(t) for a, t in per.items())
             for per in calls.values()):
-        raise ProfileError("calls must map codecs to {algorithm: seconds >= 0} for "
+        raise ProfileError("calls must map codecs to {algorithm: finite seconds} for "
                            f"{', '.join(ALGORITHMS[1:])}")
     return data
 
@@ -259,14 +263,19 @@ class CostModel:
         if segments > 1:     # all but one segment of the shorter hidden, at ``overlap``
             wire -= self.overlap * min(kernels, wire) * (1 - 1 / segments)
         waits = segments * (self.wait(encodes / segments) + self.wait(owner / segments))
-        return {"overhead": self.call_overhead(codec, "twoshot"), "kernels": kernels,
-                "comm": wire + waits}
+        return self._terms(self.call_overhead(codec, "twoshot"), kernels, wire + waits)
 
     def allgather_terms(self, codec: str, n: int, P: int, packet_bytes: float) -> dict:
         encode = self.kernel(codec, "encode", n)
-        return {"overhead": self.call_overhead(codec, "allgather"),
-                "kernels": encode + P * self.kernel(codec, "decode", n),
-                "comm": self.pattern("allgatherv", packet_bytes) + self.wait(encode)}
+        return self._terms(self.call_overhead(codec, "allgather"),
+                           encode + P * self.kernel(codec, "decode", n),
+                           self.pattern("allgatherv", packet_bytes) + self.wait(encode))
+
+    @staticmethod
+    def _terms(overhead: float, kernels: float, comm: float) -> dict:
+        """A compressed call's terms; a negative per-call term (a call that
+        skips Python the kernel terms hold) takes back at most the kernels."""
+        return {"overhead": max(overhead, -kernels), "kernels": kernels, "comm": comm}
 
     def dense(self, n: int, itemsize: int = 4) -> float:
         return sum(self.dense_terms(n, itemsize).values())

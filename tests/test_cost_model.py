@@ -97,7 +97,7 @@ def test_kernels_interpolate_and_fall_back():
     ({**DEFAULT, "overhead": {"dense": 1e-6}}, "overhead"),
     ({**DEFAULT, "oversubscription": 0.5}, "oversubscription"),
     ({**DEFAULT, "calls": {"onebit": {"mpi": 1e-6}}}, "calls"),
-    ({**DEFAULT, "calls": {"onebit": {"twoshot": -1e-6}}}, "calls"),
+    ({**DEFAULT, "calls": {"onebit": {"twoshot": float("nan")}}}, "calls"),
     ({**DEFAULT, "calls": ["onebit"]}, "calls"),
     ({**DEFAULT, "waits": [[1e-3, -1.0]]}, "bad point"),
     ({**DEFAULT, "overlap": 1.5}, "overlap"),
@@ -148,6 +148,22 @@ def test_a_codecs_calls_replace_the_algorithms_overhead():
     assert m.twoshot("onebit", 4096, 2, 100) == pytest.approx(
         base.twoshot("onebit", 4096, 2, 100) - DEFAULT["overhead"]["twoshot"] + 1.0)
     assert m.twoshot("topk", 4096, 2, 100) == base.twoshot("topk", 4096, 2, 100)
+
+
+def test_a_negative_call_term_takes_back_at_most_the_kernels():
+    """A planned call that skips Python the kernel terms hold has a negative
+    per-call term: it lowers the prediction by itself, and never below the
+    call's time in MPI."""
+    p = copy.deepcopy(DEFAULT)
+    p["calls"] = {"onebit": {"twoshot": -5e-6, "allgather": -1.0}}
+    m, base = CostModel(p), CostModel(copy.deepcopy(DEFAULT))
+    got, ref = m.twoshot_terms("onebit", 4096, 2, 600), base.twoshot_terms("onebit", 4096, 2, 600)
+    assert got["overhead"] == -5e-6 and got["kernels"] == ref["kernels"] > 5e-6
+    assert m.twoshot("onebit", 4096, 2, 600) == pytest.approx(sum(ref.values())
+                                                              - ref["overhead"] - 5e-6)
+    terms = m.allgather_terms("onebit", 4096, 2, 600)
+    assert terms["overhead"] == -terms["kernels"] < 0
+    assert m.allgather("onebit", 4096, 2, 600) == pytest.approx(terms["comm"])
 
 
 @pytest.mark.parametrize("algorithm", ["dense", "mpi", "MPI_Allreduce", "twoshot", "allgather"])
