@@ -216,14 +216,11 @@ class Contribution:
         except Exception as exc:
             if ctx.agree is None:
                 raise
-            ctx.agree(self._input_error(exc))
+            ctx.agree(input_error(exc, self.x, self.codec.name))
             raise  # pragma: no cover (agree raised)
         if ctx.agree is not None:
             ctx.agree(None)
         return packets
-
-    def _input_error(self, exc: Exception) -> Exception:
-        return input_error(exc, self.x, self.codec.name)
 
     def _own_buffer(self) -> np.ndarray:
         if self._own is None:
