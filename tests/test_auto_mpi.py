@@ -65,6 +65,27 @@ def test_rank_zeros_profile_decides_everywhere_with_the_chosen_bits(codec, tmp_p
     assert got == direct
 
 
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("codec", ["onebit", "qsgd"])
+def test_a_repeated_compressed_choice_takes_the_algorithms_plan(codec, tmp_path, monkeypatch):
+    """A key that ``auto`` sends through ``twoshot`` repeats through
+    twoshot's plan, as twoshot called directly does: the same bits, residuals
+    and bytes, and the choice still in the statistics."""
+    p = slow_network_profile()        # decodes that cost: twoshot decodes less than allgather
+    p["kernels"]["*"]["decode"] = [[8, 1e-6], [1 << 24, 3.4]]    # 0.2 us per element
+    monkeypatch.setenv("HPCCOMM_PROFILE", write(tmp_path / "p.json", p))
+    n = 5000
+    auto = hpccomm.Allreducer(COMM, codec=codec, algorithm="auto", seed=3)
+    direct = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", seed=3)
+    assert run(auto, n, steps=4) == run(direct, n, steps=4)
+    assert auto.stats.last.extra["auto"] == "twoshot"
+    assert auto.repeat_path("g") == direct.repeat_path("g") != None  # noqa: E711
+    last, ref = auto.stats.last, direct.stats.last     # (auto's first call bcasts the profile)
+    assert (last.bytes_sent, last.bytes_recv) == (ref.bytes_sent, ref.bytes_recv)
+    assert ({k: digest(v) for k, v in auto.state_dict()["keys"]["g"]["residuals"].items()}
+            == {k: digest(v) for k, v in direct.state_dict()["keys"]["g"]["residuals"].items()})
+
+
 def test_defaults_send_dense_and_keep_the_residual():
     """Without a profile (the defaults of a shared-memory machine) auto sends
     dense: the exact float32 sum, and error feedback's residual untouched."""

@@ -151,6 +151,15 @@ class Auto(Algorithm):
         alg = self._candidates.get(choice)
         return alg is not None and alg.checks_after_encode(n, shape)
 
+    def repeat_plan(self, comm, n, shape, state, memory, deferred):
+        """The chosen algorithm's plan for the key (``twoshot``'s), once the
+        decision for ``(n, shape)`` is known and no per-key policy could
+        change it: a repeated call then runs as the algorithm called
+        directly would, with the choice in its statistics as before."""
+        choice = None if self.policy else self._decided.get((n, tuple(shape)))
+        alg = self._candidates.get(choice)
+        return None if alg is None else alg.repeat_plan(comm, n, shape, state, memory, deferred)
+
     def sends_dense(self, n, shape, key):
         return self.model is not None and self.choose(n, tuple(shape), key) == "dense"
 
