@@ -386,6 +386,12 @@ class Codec:
                                  self.header_extra(n, shape), n)
         return self.payload_views(packet, n, shape)
 
+    def new_bound_packet(self, n: int, shape: tuple):
+        """A new packet of ``n`` elements of a tensor of ``shape``, its header
+        written (:meth:`bind_packet`): ``(packet, payload views)``."""
+        packet = np.empty(self.wire_size_for(n, shape), np.uint8)
+        return packet, self.bind_packet(packet, n, shape)
+
     def check_packet(self, packet: np.ndarray, out: np.ndarray):
         """Validate header and size of ``packet`` against ``out``; return the
         header as a dict of the fields of :data:`HEADER`."""

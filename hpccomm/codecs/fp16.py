@@ -64,10 +64,9 @@ class HalfWidthCodec(Codec):
         m = out.size
         for packet in received:
             self.check_packet(packet, out)
-        packet = np.empty(self.wire_size(m), np.uint8)
+        packet, bits = self.new_bound_packet(m, ctx.shape)
         self._raise_nonfinite(self.owner_views(self.payload_row_views(received, m, ctx.shape),
-                                               e, e_out, out,
-                                               self.bind_packet(packet, m, ctx.shape)))
+                                               e, e_out, out, bits))
         return packet
 
     def encode_with_feedback(self, x, e, e_out, ctx):
@@ -75,9 +74,8 @@ class HalfWidthCodec(Codec):
         ``e_out = v - decode(packet)`` in one pass
         (:func:`~hpccomm.kernels.halfwidth.half_encode_feedback`)."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
-        packet = np.empty(self.wire_size(x.size), np.uint8)
-        self._raise_nonfinite(self.encode_views(self.bind_packet(packet, x.size, ctx.shape),
-                                                x, e, e_out))
+        packet, bits = self.new_bound_packet(x.size, ctx.shape)
+        self._raise_nonfinite(self.encode_views(bits, x, e, e_out))
         return packet
 
     # -- the kernels on laid-out packets (see Codec.bind_packet) --------------

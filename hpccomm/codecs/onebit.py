@@ -132,9 +132,7 @@ class OneBitCodec(Codec):
 
     def _encode(self, x, ctx):
         n = x.size
-        col_len = self.header_extra(n, ctx.shape)
-        packet = self.new_packet(packet_size(n, col_len), n, extra=col_len, zeroed=False)
-        col_len, means, words = self._views(packet, n, col_len)
+        packet, (col_len, means, words) = self.new_bound_packet(n, ctx.shape)
         tiles = _tile_columns(n, col_len)
         if tiles:
             K.onebit_encode_tiles(x, x, False, False, col_len, means, words, x, None, tiles)
@@ -149,9 +147,8 @@ class OneBitCodec(Codec):
         of encode, decode and subtract.  ``x``, ``e``, ``e_out``: float32,
         contiguous, of one length."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
-        packet = np.empty(packet_size(x.size, self.header_extra(x.size, ctx.shape)), np.uint8)
-        self._raise_nonfinite(self.encode_views(self.bind_packet(packet, x.size, ctx.shape),
-                                                x, e, e_out))
+        packet, views = self.new_bound_packet(x.size, ctx.shape)
+        self._raise_nonfinite(self.encode_views(views, x, e, e_out))
         return packet
 
     def owner_step(self, received, e, e_out, out, ctx):
@@ -173,9 +170,9 @@ class OneBitCodec(Codec):
             elif col_len != cols:
                 raise PacketError(f"{self.name}: packets of one chunk with column lengths "
                                   f"{cols} and {col_len}")
-        packet = np.empty(packet_size(m, self.header_extra(m, ctx.shape)), np.uint8)
+        packet, views = self.new_bound_packet(m, ctx.shape)
         self._raise_nonfinite(self.owner_views(self._row_views(received, m, cols), e, e_out, out,
-                                               self.bind_packet(packet, m, ctx.shape)))
+                                               views))
         return packet
 
     def _decode_into(self, packet, header, out, add):
