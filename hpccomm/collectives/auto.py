@@ -145,19 +145,21 @@ class Auto(Algorithm):
                       self.source)
         return cached
 
-    def checks_after_encode(self, n: int, shape: tuple) -> bool:
-        # only once the decision is known and no per-key policy could change it
+    def _settled(self, n: int, shape: tuple) -> Optional[Algorithm]:
+        """The compressed algorithm chosen for ``(n, shape)``, once the
+        decision is known and no per-key policy could change it; else None."""
         choice = None if self.policy else self._decided.get((n, tuple(shape)))
-        alg = self._candidates.get(choice)
+        return self._candidates.get(choice)
+
+    def checks_after_encode(self, n: int, shape: tuple) -> bool:
+        alg = self._settled(n, shape)
         return alg is not None and alg.checks_after_encode(n, shape)
 
     def repeat_plan(self, comm, n, shape, state, memory, deferred):
-        """The chosen algorithm's plan for the key (``twoshot``'s), once the
-        decision for ``(n, shape)`` is known and no per-key policy could
-        change it: a repeated call then runs as the algorithm called
+        """The chosen algorithm's plan for the key (``twoshot``'s), once it is
+        :meth:`_settled`: a repeated call then runs as the algorithm called
         directly would, with the choice in its statistics as before."""
-        choice = None if self.policy else self._decided.get((n, tuple(shape)))
-        alg = self._candidates.get(choice)
+        alg = self._settled(n, shape)
         return None if alg is None else alg.repeat_plan(comm, n, shape, state, memory, deferred)
 
     def sends_dense(self, n, shape, key):
