@@ -72,15 +72,15 @@ class NetworkModel:
         P, c, name = self.P, self.costs, codec.name
         m = -(-n // P)
         chunk = cost_model.wire_bytes(codec, m, (m,))
-        kernels = c.twoshot_terms(name, n, P, chunk)["kernels"]     # the profile's, per rank
+        ts = c.twoshot_terms(name, n, P, chunk)        # the profile's kernels, per rank
+        kernels = ts["kernels"]
         wire = 2 * (P - 1) * (self.alpha + chunk / self.rate)
         S = min(16, max(1, n // SEGMENT_ELEMENTS)) if codec.segment_unit((n,)) else 1
         twoshot = (max(kernels, wire) + min(kernels, wire) / S if S > 1 else kernels + wire)
         whole = cost_model.wire_bytes(codec, n, (n,))
-        allgather = (c.allgather_terms(name, n, P, whole)["kernels"]
-                     + (P - 1) * (self.alpha + whole / self.rate))
-        return {"twoshot": twoshot + c.call_overhead(name, "twoshot"),
-                "allgather": allgather + c.call_overhead(name, "allgather")}
+        ag = c.allgather_terms(name, n, P, whole)
+        allgather = ag["kernels"] + (P - 1) * (self.alpha + whole / self.rate)
+        return {"twoshot": twoshot + ts["overhead"], "allgather": allgather + ag["overhead"]}
 
     def bucket(self, codec, n: int) -> Tuple[float, str]:
         """The fastest way to reduce a bucket of ``n`` (auto's rule)."""
