@@ -418,10 +418,11 @@ class TwoShotPlan(RepeatPlan):
         self.algorithm = algorithm
         self.bounds = bounds
         self.exchange = exchange
-        self.net = Transport(exchange.comm, CallStats())
         self.laid_out = self._lay_out(algorithm.codec, bounds, exchange, shape, memory)
         if self.laid_out is not None:
             self.kind = "kernels"
+        else:       # the general path's steps need a transport
+            self.net = Transport(exchange.comm, CallStats())
 
     @staticmethod
     def _lay_out(codec, bounds, exchange, shape, memory):
