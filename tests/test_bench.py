@@ -66,6 +66,37 @@ def test_allreduce_json_schema(tmp_path, ranks):
         assert floor_seconds(big, 1e9) >= big["wire_bytes"] * 8e-9
 
 
+@pytest.mark.parametrize("how", ["env", "launcher"])
+def test_bound_ranks_count_the_node_cores(tmp_path, how):
+    """HPCCOMM_BENCH_BIND=core pins rank r to the (r mod count)-th CPU it may
+    use; either way of binding, the run records the node's CPUs (the union
+    of the ranks'), not the one each rank keeps."""
+    out = tmp_path / "r.json"
+    env = {**ENV, "HPCCOMM_BENCH_BIND": "core"} if how == "env" else ENV
+    launch = [MPIEXEC, "-n", "3"] if how == "env" else [MPIEXEC, "-bind-to", "core", "-n", "3"]
+    proc = subprocess.run(launch + [PY, "-m", "mpi4py", "-m", "hpccomm.bench", "allreduce",
+                                    "-m", "4K:4K", "-i", "2", "-x", "0", "--algorithm", "mpi",
+                                    "-J", str(out)],
+                          capture_output=True, text=True, timeout=240, env=env)
+    assert proc.returncode == 0, proc.stderr
+    meta = json.loads(out.read_text())["meta"]
+    cpus = sorted(os.sched_getaffinity(0))
+    affinity = meta["affinity"]
+    assert all(len(a) == 1 for a in affinity), affinity
+    if how == "env":        # the CPUs each rank had before it pinned itself
+        assert meta["bind"] == "core" and affinity == [[cpus[r % len(cpus)]] for r in range(3)]
+        assert meta["cores"] == len(cpus)
+    else:                   # bound by the launcher: the CPUs the node's ranks hold
+        assert meta["cores"] == len(set().union(*map(set, affinity))) == min(len(cpus), 3)
+
+
+def test_bind_refuses_an_unknown_value():
+    proc = subprocess.run([MPIEXEC, "-n", "1", PY, "-m", "hpccomm.bench", "calibrate"],
+                          capture_output=True, text=True, timeout=120,
+                          env={**ENV, "HPCCOMM_BENCH_BIND": "socket"})
+    assert proc.returncode != 0 and "HPCCOMM_BENCH_BIND='socket'" in proc.stderr
+
+
 PLUGIN = '''
 import numpy as np
 import hpccomm

@@ -63,14 +63,22 @@ def limit_blas_threads() -> None:
     threadpool_limits(limits=int(os.environ.get("HPCCOMM_BLAS_THREADS", "1")), user_api="blas")
 
 
+_RANK_VARIABLES = ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID")
+
+
 def launcher_rank() -> int:
     """This process's rank as the MPI launcher (mpiexec, srun) set it in the
     environment, read without initializing MPI; 0 outside a launcher."""
-    for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK", "PMIX_RANK", "SLURM_PROCID"):
+    for name in _RANK_VARIABLES:
         value = os.environ.get(name, "")
         if value.isdigit():
             return int(value)
     return 0
+
+
+def launched() -> bool:
+    """Whether an MPI launcher started this process (it set a rank)."""
+    return any(os.environ.get(name, "").isdigit() for name in _RANK_VARIABLES)
 
 
 def main(argv=None):
@@ -89,6 +97,10 @@ def main(argv=None):
         return 0
     args = parser.parse_args(argv[:1])
     limit_blas_threads()
+    if launched() and args.command != "netem":  # a rank, not the driver its ranks inherit CPUs from
+        from .harness import bind_to_core
+
+        bind_to_core(launcher_rank())
     import importlib
 
     module = importlib.import_module(COMMANDS[args.command][0])

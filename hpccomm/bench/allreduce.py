@@ -54,8 +54,8 @@ import numpy as np
 from ..codecs import own_algorithm
 from ..codecs.rotation import split_rotate
 from .harness import (BUFFERS, case_options, device_sync, empty_like, fmt_bytes, host_staging,
-                      make_buffer, mpi_library, mpi_thread_level, on_device, parse_options,
-                      parse_range, sizes_from, slowest_rank, to_numpy)
+                      make_buffer, mpi_library, mpi_thread_level, node_cores, on_device,
+                      parse_options, parse_range, sizes_from, slowest_rank, to_numpy)
 
 
 def default_iterations(nbytes: int) -> int:
@@ -423,8 +423,9 @@ def main(argv=None) -> int:
             "mpi4py": __import__("mpi4py").__version__, "numpy": np.__version__,
             "numba": numba.__version__, "ranks": size, "threads": numba.get_num_threads(),
             "host": platform.node(), "hosts": comm.allgather(platform.node()),
-            "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
-            else os.cpu_count(),
+            "cores": node_cores(comm), "bind": os.environ.get("HPCCOMM_BENCH_BIND", "none"),
+            "affinity": comm.allgather(sorted(os.sched_getaffinity(0)))
+            if hasattr(os, "sched_getaffinity") else None,
             "python": platform.python_version(), "date": date,
             "seed": args.seed, "options": options, "buffer": args.buffer, "cols": args.cols, "error_feedback": args.error_feedback,
             "cases": [f"{c}+{a}" for c, a in cases]}
@@ -547,7 +548,7 @@ def summary(rows) -> list:
     if not best:
         return []
     profiles = sorted({r["auto_profile"] for r in rows if r.get("auto_profile")})
-    lines = [f"# auto decided by: " + ", ".join(
+    lines = ["# auto decided by: " + ", ".join(
         "the built-in defaults (no profile for these hosts and ranks: mpiexec -n P python -m "
         "hpccomm.bench calibrate)" if p == "defaults" else p for p in profiles)] if profiles else []
     lines.append(f"# where compression paid: each codec's fastest compressed case against "

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import os
 import sys
 import time
 
@@ -297,6 +296,8 @@ def main(argv=None) -> int:
     from hpccomm.collectives.auto import host_set_name, profile_location
     from hpccomm.communicators import ranks_on_node
 
+    from .harness import node_cores
+
     mode = "quick" if args.quick else "full" if args.full else "default"
     comm = MPI.COMM_WORLD.Dup()
     P, rank = comm.Get_size(), comm.Get_rank()
@@ -328,8 +329,7 @@ def main(argv=None) -> int:
     kernels.setdefault("*", kernels.get("onebit", cost_model.DEFAULT["kernels"]["*"]))
     per_call = measure_overhead(comm, REPS[mode])
     local = ranks_on_node(comm)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    over = comm.allreduce(max(1.0, local / max(cores or 1, 1)), op=MPI.MAX)
+    over = comm.allreduce(max(1.0, local / node_cores(comm)), op=MPI.MAX)
     probe = cost_model.CostModel({**cost_model.DEFAULT, "patterns": patterns,
                                   "kernels": kernels, "waits": waits, "overlap": overlap,
                                   "overhead": {a: 0.0 for a in cost_model.ALGORITHMS}})

@@ -12,6 +12,9 @@ cd "$(dirname "$0")"
 ARGS=(-m 4K:256M -f 4 --codec onebit,topk,terngrad
       --algorithm twoshot,allgather,auto --no-progress)
 export NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
+# pinned as in every launch (rank r on the (r mod 2)-th CPU): unbound, 3 ranks on 2
+# cores land differently per launch, and calibration and sweep are two launches
+export HPCCOMM_BENCH_BIND=core
 nets=("$@"); [ $# -gt 0 ] || nets=(shm 1gbit 4gbit)
 for net in "${nets[@]}"; do
   for P in 2 3 4; do
