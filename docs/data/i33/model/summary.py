@@ -26,7 +26,7 @@ for f in files:
         r"^- [^;]*; ((?:per-call Python|kernels|MPI) (?:over|under))-predicted", text, re.M))
     tally.update(causes)
     run = os.path.basename(f)[:-len("-predicted.md")]
-    print(f"| {run} | {w} of {t} ({100 * w / t:.0f} %) | "
+    print(f"| {run} | {w} of {t} ({100 * w / t:.1f} %) | "
           + ", ".join(f"{k} {v}" for k, v in causes.most_common()) + " |")
-print(f"| all | {within} of {total} ({100 * within / total:.0f} %) | "
+print(f"| all | {within} of {total} ({100 * within / total:.1f} %) | "
       + ", ".join(f"{k} {v}" for k, v in tally.most_common()) + " |")
