@@ -142,6 +142,14 @@ def test_count_nonfinite_matches_numpy(dtype, n):
         x[0] = -0.0
     assert count_nonfinite(x) == int(np.count_nonzero(~np.isfinite(x)))
     assert count_nonfinite(x.reshape(-1, 1)) == count_nonfinite(x)
+    # NaN payloads and exponent-only patterns, and strided views (1-D float32
+    # takes its own kernel)
+    bits = x.view({2: np.uint16, 4: np.uint32, 8: np.uint64}[x.itemsize])
+    if n > 3:
+        bits[1] |= bits.dtype.type(1) << bits.dtype.type(8 * x.itemsize - 2)   # exponent's top bit
+        bits[2] = ~bits.dtype.type(0)                                         # a NaN with every bit
+    for view in (x, x[::2], x[1::3], x[::-1]):
+        assert count_nonfinite(view) == int(np.count_nonzero(~np.isfinite(view)))
 
 
 def test_bf16_rounding_matches_a_plain_numpy_reference_on_every_kind_of_bits():

@@ -80,7 +80,14 @@ ALLREDUCE_SHORT_BYTES = 2048
 
 _OPS = {"sum": MPI.SUM, "max": MPI.MAX}
 
-_waiting = threading.local()
+class _Waiting(threading.local):
+    #: a class default, so that a thread that never set it reads None without
+    #: the AttributeError that ``getattr(local, name, None)`` raises inside
+    #: (~0.3 us: a tenth of a small dense call)
+    interval: Optional[float] = None
+
+
+_waiting = _Waiting()
 
 
 def set_wait_interval(seconds: Optional[float]) -> None:
@@ -94,7 +101,7 @@ def set_wait_interval(seconds: Optional[float]) -> None:
 
 
 def _interval() -> Optional[float]:
-    return getattr(_waiting, "interval", None)
+    return _waiting.interval
 
 
 def wait_all(requests: List[MPI.Request]) -> None:
