@@ -973,7 +973,8 @@ OWNER = [("onebit", {}), ("onebit", {"col_len": 7}), ("fp16", {}), ("bf16", {}),
          ("qsgd", {"bits": 4, "bucket": 5000}),
          ("qsgd", {"bits": 2, "bucket": 7, "rotate": True, "rotate_block": 4}),
          ("onebit", {"rotate": True, "rotate_block": 8}),
-         ("qsgd", {"bits": 2, "bucket": 7, "elias": True})]
+         ("qsgd", {"bits": 2, "bucket": 7, "elias": True}),
+         ("adaptive", {}), ("adaptive", {"proportion": 4, "col_len": 7})]
 
 
 def owner_reference(codec, received, e, m, ctx):

@@ -143,7 +143,8 @@ def test_fused_kernels_give_the_reference_bits(codec, options, algorithm, shape,
 @pytest.mark.parametrize("ef", [True, False])
 @pytest.mark.parametrize("codec,options", [("topk", {}), ("topk", {"exact": True}), ("dgc", {}),
                                            ("dgc", {"ratio": 0.01, "max_iters": 2}),
-                                           ("threshold", {}), ("threshold", {"tau": 0.5})])
+                                           ("threshold", {}), ("threshold", {"tau": 0.5}),
+                                           ("adaptive", {}), ("adaptive", {"proportion": 4})])
 def test_sampled_sparsifiers_owner_step_gives_the_reference_bits(codec, options, ef):
     """The sparsifiers' fused owner steps on chunks of 40 000 and more (topk's
     and dgc's thresholds then come from a sample: one pass over ``acc +

@@ -214,11 +214,43 @@ class Adaptive(SparseCodec):
         self._raise_nonfinite(bad)
         return self._packet(x.size, *parts)
 
+    # -- the owner stage of twoshot -------------------------------------------------
+    def owner_step(self, received, e, e_out, out, ctx):
+        """The owner stage of ``twoshot``: every received packet validated
+        (:meth:`_fields`) before anything is written; their entries added in
+        rank order into ``out`` (zeroed: ``acc``); ``w = acc + e`` formed
+        column by column in ``e_out`` and encoded while in cache, ``e_out``
+        corrected at the sent rows (the kernel of :meth:`encode_with_feedback`;
+        ``e_out=None``: no owner residual, ``w = acc`` encoded where it lies);
+        then ``out = decode(packet)``.  The bits of decode-add, compensate,
+        re-encode, decode and subtract, without their passes over the dense
+        ``w``, its copy and the decoded chunk.  Returns the packet."""
+        fields = [self._fields(packet, self.check_packet(packet, out)) for packet in received]
+        out[:] = 0
+        for f in fields:
+            if f is not None:
+                K.adaptive_scatter(*f, out, True)
+        if e_out is None:
+            *parts, bad = self._run(out, None, None, ctx)
+        else:
+            acc, e, e_out = self._feedback_arrays(out, e, e_out)
+            *parts, bad = self._run(acc, e, e_out, ctx)
+        self._raise_nonfinite(bad)
+        packet = self._packet(out.size, *parts)
+        H, counts, mu_pos, mu_neg, words = parts
+        if counts is None:
+            out[:] = 0
+        else:
+            K.adaptive_scatter(out.size, H, counts, mu_pos, mu_neg, words, out, False)
+        return packet
+
     # -- decode ------------------------------------------------------------------
-    def _decode_into(self, packet, header, out, add):
+    def _fields(self, packet, header):
+        """``(n, H, counts, mu_pos, mu_neg, words)`` of a size-checked packet,
+        validated (None for ``n = 0``)."""
         n, m = int(header["n"]), int(header["extra"])
         if n == 0:
-            return
+            return None
         H = int(payload_view(packet, HEADER_SIZE, np.uint32, 1)[0])
         W = -(-n // H)
         cols = packet[PREFIX:PREFIX + COLUMN_BYTES * W].view(COLUMN)
@@ -230,7 +262,12 @@ class Adaptive(SparseCodec):
             raise PacketError(f"{self.name}: column counts or rows are inconsistent (counts must "
                               f"add up to {m}, rows increase inside each column, at most "
                               "cap(h) entries per sign)")
-        K.adaptive_scatter(n, H, counts, mu_pos, mu_neg, words, out, add)
+        return n, H, counts, mu_pos, mu_neg, words
+
+    def _decode_into(self, packet, header, out, add):
+        fields = self._fields(packet, header)
+        if fields is not None:
+            K.adaptive_scatter(*fields, out, add)
 
     def _pairs(self, x, ctx):
         n = x.size

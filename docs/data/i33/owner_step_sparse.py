@@ -2,7 +2,7 @@
 ``owner_step`` against the separate steps of twoshot's general path
 (decode-add of P packets, compensate, re-encode, decode, residual).
 
-    python docs/data/i33/owner_step_sparse.py [M] [P]
+    python docs/data/i33/owner_step_sparse.py [M] [P] [CODEC,...]
 """
 import sys
 import time
@@ -31,7 +31,8 @@ def median_ms(f, reps=7):
     return 1e3 * float(np.median(ts))
 
 
-for name in ("topk", "dgc", "threshold"):
+names = sys.argv[3].split(",") if len(sys.argv) > 3 else ["topk", "dgc", "threshold", "adaptive"]
+for name in names:
     codec = hpccomm.get_codec(name)
     received = [codec.encode(rng.standard_normal(m).astype(np.float32),
                              EncodeContext(seed=1, rank=j)) for j in range(P)]
