@@ -19,7 +19,7 @@ pytestmark = pytest.mark.mpi
 #: codecs with fixed-size packets and an owner step
 PLANNED = ["onebit", "fp16", "bf16", "qsgd", "terngrad", "fp8"]
 #: those whose plan runs their kernels on packets laid out once
-LAID_OUT = ["onebit", "fp16", "bf16"]
+LAID_OUT = ["onebit", "fp16", "bf16", "terngrad", "qsgd"]
 
 
 def planned_path(codec):
@@ -81,6 +81,27 @@ def test_laid_out_packets_of_several_chunks(codec, ef):
     assert stats[True] == stats[False]
 
 
+@pytest.mark.parametrize("options,path", [({"bits": 2, "bucket": 7, "norm": "max"}, "kernels"),
+                                          ({"bits": 8, "bucket": 100}, "kernels"),
+                                          ({"bits": 2, "bucket": 7, "elias": True}, None)])
+@pytest.mark.parametrize("ef", [True, False])
+def test_qsgd_variants_through_the_plan(options, path, ef):
+    """``qsgd``'s bit widths, bucket sizes and norms run their kernels on laid-out
+    packets (Elias packets vary in size: no plan), with the
+    reference's results, residuals, steps and bytes; chunks of odd byte
+    lengths leave the received scales unaligned."""
+    runs, stats = {}, {}
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec="qsgd", algorithm="twoshot", fused=fused,
+                                     error_feedback=ef, **options)
+        runs[fused] = run(reducer, 4, n=1001 + 4 * SIZE, out_mode="separate")
+        stats[fused] = (reducer.stats.calls, reducer.stats.bytes_sent, reducer.stats.bytes_recv)
+        if fused and SIZE > 1:
+            assert reducer.repeat_path("g") == path
+    assert runs[True] == runs[False]
+    assert stats[True] == stats[False]
+
+
 @pytest.mark.parametrize("out_mode", OUT_MODES)
 def test_every_kind_of_out(out_mode):
     """``out`` the input itself or overlapping it runs the general path, a
@@ -109,7 +130,8 @@ def test_a_rank_on_the_general_path_meets_the_others_on_the_plan(codec):
 
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("codec,ef", [("onebit", True), ("qsgd", False),   # the check deferred /
-                                       ("fp16", True), ("bf16", False)])   # made before
+                                       ("fp16", True), ("bf16", False),    # made before
+                                       ("terngrad", True), ("terngrad", False)])
 def test_nan_on_one_rank_after_planned_calls_is_raised_everywhere(codec, ef):
     """A NaN on one rank: its fused encode counts it (onebit with error
     feedback: the check waits for the encode) or the reducer's scan finds it

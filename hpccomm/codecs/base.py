@@ -111,6 +111,21 @@ def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
     return rows
 
 
+
+class Draw:
+    """What a laid-out encode (``encode_views``, ``owner_views``) of a
+    stochastic codec reads of its :class:`EncodeContext`: ``key``, the
+    random stream of this call's encodes as one rank (:meth:`Codec.draw_key`
+    of ``seed``, ``rank`` and ``step``; set per call), ``offset``, the
+    chunk's first element in the whole vector, and ``feedback``, whether
+    the call keeps a residual memory.  A plan makes one per chunk."""
+
+    __slots__ = ("key", "offset", "feedback")
+
+    def __init__(self, offset: int, feedback: bool, key: int = 0):
+        self.key, self.offset, self.feedback = key, int(offset), bool(feedback)
+
+
 class Codec:
     """Base class of all codecs.
 
@@ -367,12 +382,28 @@ class Codec:
     #   elements as the arrays its kernels take;
     # * ``payload_row_views(packets, m, shape)``: the same for the packets of
     #   one chunk of ``m``, equally spaced in one buffer, as rows;
-    # * ``encode_views(views, x, e, e_out) -> bad``: ``encode_with_feedback``
-    #   into ``views`` (NaN/Inf counted, not raised);
-    # * ``owner_views(rows, e, e_out, out, views) -> bad``: ``owner_step``
-    #   from ``rows`` into ``views``;
+    # * ``encode_views(views, x, e, e_out, draw) -> bad``:
+    #   ``encode_with_feedback`` into ``views`` (NaN/Inf counted, not raised);
+    # * ``owner_views(rows, e, e_out, out, views, draw) -> bad``:
+    #   ``owner_step`` from ``rows`` into ``views``;
     # * ``decode_views(views, out, add)``;
     # * ``header_extra(n, shape)`` where the header's ``extra`` is not 0.
+    #
+    # ``draw`` (a :class:`Draw`) is what a stochastic codec's encode reads of
+    # its context: the call's random stream (:meth:`draw_key`), the chunk's
+    # offset and whether the call keeps a residual; the others ignore it.
+
+    @property
+    def lays_out(self) -> bool:
+        """Whether this codec offers its kernels on laid-out packets (its
+        packets' layout a function of ``(n, shape)`` alone)."""
+        return getattr(self, "payload_views", None) is not None
+
+    def draw_key(self, seed: int, rank: int, step: int) -> int:
+        """The key of the random stream of an encode as ``rank`` at ``step``
+        (:attr:`Draw.key`; the one ``encode_with_feedback`` derives from its
+        context); 0 for a deterministic codec."""
+        return 0
 
     def header_extra(self, n: int, shape: tuple) -> int:
         """The codec-specific uint32 of the header of a packet of ``n``."""

@@ -88,11 +88,11 @@ class HalfWidthCodec(Codec):
     def payload_row_views(packets, m, shape):
         return payload_rows(packets, HEADER_SIZE, np.uint16, m)
 
-    def encode_views(self, bits, x, e, e_out):
+    def encode_views(self, bits, x, e, e_out, draw=None):
         return K.half_encode_feedback(x, x if e is None else e, e is not None, self.bfloat, bits,
                                       e_out)
 
-    def owner_views(self, rows, e, e_out, out, bits):
+    def owner_views(self, rows, e, e_out, out, bits, draw=None):
         return K.half_owner_step(rows, self.bfloat, out if e is None else e, e is not None,
                                  e_out is not None, bits, out if e_out is None else e_out, out)
 

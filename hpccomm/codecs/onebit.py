@@ -205,7 +205,7 @@ class OneBitCodec(Codec):
         return self._row_views(packets, m, self.header_extra(m, shape))
 
     @staticmethod
-    def encode_views(views, x, e, e_out):
+    def encode_views(views, x, e, e_out, draw=None):
         col_len, means, words = views
         tiles = _tile_columns(x.size, col_len)
         if tiles:
@@ -215,7 +215,7 @@ class OneBitCodec(Codec):
                                         col_len, means, words, e_out)
 
     @staticmethod
-    def owner_views(rows, e, e_out, out, views):
+    def owner_views(rows, e, e_out, out, views, draw=None):
         m = out.size
         cols, rmeans, rwords = rows
         tiles = _tile_columns(m, cols)

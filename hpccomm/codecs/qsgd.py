@@ -415,6 +415,54 @@ class QSGDCodec(Codec):
         self._raise_nonfinite(bad)
         return self._finish(packet, scales, codes, bucket, m)
 
+    # -- the kernels on laid-out packets (see Codec.bind_packet) --------------
+    @property
+    def lays_out(self):
+        return not self.elias       # an Elias packet's size depends on its codes
+
+    def draw_key(self, seed, rank, step):
+        return stream_key(seed, rank, step, self.codec_id)
+
+    def header_extra(self, n, shape):
+        return min(self.bucket, max(n, 1)) | self.bits << 28
+
+    def payload_views(self, packet, n, shape):
+        """``(scales, codes, bucket)``: the per-bucket scales and the code
+        bytes of a fixed-width packet of ``n`` elements, and its bucket size."""
+        bucket = min(self.bucket, max(n, 1))
+        nb = -(-n // bucket)
+        return (packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32),
+                packet[HEADER_SIZE + 4 * nb:packet_size(n, self.bits, bucket)], bucket)
+
+    def payload_row_views(self, packets, m, shape):
+        """``(codes, scale bytes, bucket)`` of the packets of one chunk of
+        ``m``, as rows (the scales as bytes: packets an odd number of bytes
+        apart leave them unaligned for a float32 view)."""
+        bucket = min(self.bucket, max(m, 1))
+        nb = -(-m // bucket)
+        return (payload_rows(packets, HEADER_SIZE + 4 * nb, np.uint8, -(-(m * self.bits) // 8)),
+                payload_rows(packets, HEADER_SIZE, np.uint8, 4 * nb), bucket)
+
+    def encode_views(self, views, x, e, e_out, draw):
+        scales, codes, bucket = views
+        return K.qsgd_encode_feedback(x, e, bucket, self.bits, self.levels, self.norm == "max",
+                                      draw.key, draw.offset, scales, codes, e_out,
+                                      *self._contract(x.size, bucket, draw))
+
+    def owner_views(self, rows, e, e_out, out, views, draw):
+        rcodes, scale_bytes, rbucket = rows
+        rscales = np.ascontiguousarray(scale_bytes).view(np.float32)
+        scales, codes, bucket = views
+        return K.qsgd_owner_step(rcodes, rscales, self.bits, rbucket, self.levels,
+                                 None if e_out is None else e, e_out, out,
+                                 bucket, self.bits, self.levels, self.norm == "max",
+                                 draw.key, draw.offset, scales, codes,
+                                 *self._contract(out.size, bucket, draw))
+
+    def decode_views(self, views, out, add):
+        scales, codes, bucket = views
+        bitcodes.codes_decode(codes, self.bits, bucket, self.levels, scales, out, add)
+
     def _decode_into(self, packet, header, out, add):
         if self.elias:
             scales, codes, bits, bucket = self._elias_codes(packet, header, out.size)

@@ -232,8 +232,69 @@ class TernGradCodec(Codec):
         return self.owner_encode_piece(e, e_out, out, 0, out.size, stat, ctx)
 
     def _decode_into(self, packet, header, out, add):
-        scales = packet[HEADER_SIZE:CODES_OFFSET].view(np.float32)
-        bitcodes.codes_decode(packet[CODES_OFFSET:], 2, max(out.size, 1), 1, scales, out, add)
+        self.decode_views(self.payload_views(packet, out.size, None), out, add)
+
+    # -- the kernels on laid-out packets (see Codec.bind_packet) --------------
+    def draw_key(self, seed, rank, step):
+        return stream_key(seed, rank, step, TernGradCodec.codec_id)
+
+    @staticmethod
+    def payload_views(packet, n, shape):
+        """``(scale, codes)``: the stored scale (one float32) and the
+        ``ceil(n / 4)`` code bytes of a packet of ``n`` elements."""
+        return (packet[HEADER_SIZE:CODES_OFFSET].view(np.float32),
+                packet[CODES_OFFSET:CODES_OFFSET + -(-n // 4)])
+
+    @staticmethod
+    def payload_row_views(packets, m, shape):
+        """``(scale bytes, codes)`` of the packets of one chunk of ``m``, as
+        rows (the scales as their 4 bytes: packets ``20 + ceil(m / 4)``
+        bytes apart leave them unaligned for a float32 view)."""
+        return (payload_rows(packets, HEADER_SIZE, np.uint8, 4),
+                payload_rows(packets, CODES_OFFSET, np.uint8, -(-m // 4)))
+
+    def _stat_or_bad(self, n, moments, draw):
+        """``(s, unit, bad)`` from :func:`~hpccomm.kernels.terngrad.tern_stats`'
+        moments as :meth:`chunk_stat` takes them (``draw.feedback``); ``s``
+        None when a NaN/Inf is to be raised rather than encoded."""
+        maxabs, s1, s2, l1, l2, bad = moments
+        if bad and self.nonfinite == "raise":
+            return None, None, bad
+        s = self._scale_from(n, maxabs, s1, s2, draw)
+        return s, self._unit(s, maxabs, l1, l2, draw), bad
+
+    def encode_views(self, views, x, e, e_out, draw):
+        """:meth:`encode_with_feedback` into ``views`` as ``draw`` (the moments'
+        pass, then codes and residual; the residual only under
+        ``draw.feedback``)."""
+        s, unit, bad = self._stat_or_bad(x.size, K.tern_stats(x, e), draw)
+        if s is not None:
+            scale, codes = views
+            scale[0] = unit
+            K.tern_encode(x, e, draw.key, draw.offset, s, s, unit, codes,
+                          e_out if draw.feedback else None, None)
+        return bad
+
+    def owner_views(self, rows, e, e_out, out, views, draw):
+        """:meth:`owner_step` from the received ``rows`` into ``views`` as
+        ``draw``: the rank-order sum and the moments of ``w = acc + e``, then
+        the codes, ``e_out`` and ``out = decode(packet)``."""
+        e = None if e_out is None else e
+        scale_bytes, codes = rows
+        scales = np.ascontiguousarray(scale_bytes).view(np.float32)
+        acc = K.owner_accumulator()
+        K.tern_owner_add(codes, scales, e, out, 0, out.size, *acc)
+        s, unit, bad = self._stat_or_bad(out.size, K.tern_owner_total(*acc, e, out), draw)
+        if s is not None:
+            scale, own = views
+            scale[0] = unit
+            K.tern_encode(out, e, draw.key, draw.offset, s, s, unit, own, e_out, out)
+        return bad
+
+    @staticmethod
+    def decode_views(views, out, add):
+        scale, codes = views
+        bitcodes.codes_decode(codes, 2, max(out.size, 1), 1, scale, out, add)
 
     # -- summable form -------------------------------------------------------
     def shared_scale(self, x):

@@ -55,7 +55,7 @@ fixed-size packets of at most :data:`PLAN_BYTES` in one segment keeps a
 :class:`TwoShotPlan`: the chunk plan, a transport and both transfers' buffers,
 counts and MPI arguments, made once; its next calls run the same steps 2-5
 (:meth:`TwoShot._fused_exchange`) through them, with the same collectives --
-or, for a codec with kernels on laid-out packets (onebit, fp16, bf16), only
+or, for a codec with kernels on laid-out packets (onebit, fp16, bf16, terngrad, fixed-width qsgd), only
 those kernels on packets laid out when the plan is made.
 """
 
@@ -65,7 +65,7 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..codecs.base import HEADER_SIZE
+from ..codecs.base import HEADER_SIZE, Draw
 from ..communicators import spans_one_node
 from ..errors import PacketError
 from ..stats import CallStats
@@ -430,8 +430,7 @@ class TwoShotPlan(RepeatPlan):
         apply: per chunk ``(lo, hi, send views)``, the owner's packet and
         views, the received rows, per other chunk ``(lo, hi, gathered
         views)``."""
-        if (getattr(codec, "payload_views", None) is None
-                or (memory.enabled and not memory.fusable)):
+        if not codec.lays_out or (memory.enabled and not memory.fusable):
             return None
         r = exchange.rank
         chunks = list(zip(bounds[:-1], bounds[1:]))
@@ -446,8 +445,11 @@ class TwoShotPlan(RepeatPlan):
         send = exchange.send_slots()
         owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
         others = [j for j in range(len(chunks)) if j != r]
-        return ([(lo, hi, codec.bind_packet(p, hi - lo, shape)) for (lo, hi), p in zip(chunks, send)],
-                owner_packet, codec.bind_packet(owner_packet, m, shape), rows,
+        feedback = memory.enabled
+        return ([(lo, hi, codec.bind_packet(p, hi - lo, shape), Draw(lo, feedback))
+                 for (lo, hi), p in zip(chunks, send)],
+                owner_packet, (codec.bind_packet(owner_packet, m, shape), Draw(bounds[r], feedback)),
+                rows,
                 [(lo, hi, codec.payload_views(exchange.gathered[j], hi - lo, shape))
                  for j, (lo, hi) in enumerate(chunks) if j != r],
                 _Headers(codec, shape, received, range(len(chunks)), [m] * len(chunks)),
@@ -456,7 +458,7 @@ class TwoShotPlan(RepeatPlan):
 
     def reduce(self, x, out, state, call, seed, shape, memory, finite, agree):
         if self.laid_out is not None:
-            self._reduce_laid_out(x, out, state, call, memory, agree)
+            self._reduce_laid_out(x, out, state, call, seed, memory, agree)
             return
         alg, net, exchange = self.algorithm, self.net, self.exchange
         net.call = call    # the transport is this plan's; its accounting is the call's
@@ -468,20 +470,26 @@ class TwoShotPlan(RepeatPlan):
                             lambda packet: exchange.allgatherv(packet, call))
         work.commit(call)
 
-    def _reduce_laid_out(self, x, out, state, call, memory, agree):
+    def _reduce_laid_out(self, x, out, state, call, seed, memory, agree):
         """Steps 1-5 of the class docstring."""
         codec, exchange, r = self.algorithm.codec, self.exchange, self.exchange.rank
-        sends, owner_packet, owner_views, rows, gathered, rheads, gheads = self.laid_out
+        sends, owner_packet, (owner_views, owner_draw), rows, gathered, rheads, gheads = \
+            self.laid_out
         t0 = time.perf_counter()
+        if codec.stochastic:    # this call's streams: as rank r, and as the owner P + r
+            key = codec.draw_key(seed, r, state.step)
+            for _, _, _, draw in sends:
+                draw.key = key
+            owner_draw.key = codec.draw_key(seed, self.algorithm.size + r, state.step)
         # 1. the encodes and the deferred check
         if memory.enabled:
             e, e_out = memory.fused_buffers(state, "worker", x.size)
         else:       # the worker residual is not kept
             e, e_out = None, self.algorithm.scratch("e_out", x.size)
         err = None
-        for lo, hi, views in sends:
+        for lo, hi, views, draw in sends:
             bad = codec.encode_views(views, x[lo:hi], None if e is None else e[lo:hi],
-                                     e_out[lo:hi])
+                                     e_out[lo:hi], draw)
             if bad and (err := codec.nonfinite_error(bad)) is not None:
                 break
         if agree is not None:
@@ -499,7 +507,7 @@ class TwoShotPlan(RepeatPlan):
         owner = memory.owner
         eo, eo_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
                       else (None, None))
-        bad = codec.owner_views(rows, eo, eo_out, out[lo:hi], owner_views)
+        bad = codec.owner_views(rows, eo, eo_out, out[lo:hi], owner_views, owner_draw)
         if bad and (err := codec.nonfinite_error(bad)) is not None:
             raise err
         call.t_encode += time.perf_counter() - t2
