@@ -55,8 +55,9 @@ fixed-size packets of at most :data:`PLAN_BYTES` in one segment keeps a
 :class:`TwoShotPlan`: the chunk plan, a transport and both transfers' buffers,
 counts and MPI arguments, made once; its next calls run the same steps 2-5
 (:meth:`TwoShot._fused_exchange`) through them, with the same collectives --
-or, for a codec with kernels on laid-out packets (onebit, fp16, bf16, terngrad, fixed-width qsgd), only
-those kernels on packets laid out when the plan is made.
+or, for a codec with kernels on laid-out packets (onebit, fp16, bf16,
+terngrad, fixed-width qsgd), only those kernels on packets laid out when the
+plan is made.
 """
 
 import time
