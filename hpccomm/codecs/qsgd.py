@@ -270,7 +270,7 @@ class QSGDCodec(Codec):
         return ELIAS_PREFIX + 8 * (-(-int(header["n"]) // bucket)) + stream
 
     def _key(self, ctx):
-        return stream_key(ctx.seed, ctx.rank, ctx.step, self.codec_id)
+        return self.draw_key(ctx.seed, ctx.rank, ctx.step)
 
     def omega(self, d: int) -> float:
         """The variance factor ``min(d / L**2, sqrt(d) / L)`` of a bucket of ``d``."""

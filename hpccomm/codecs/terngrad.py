@@ -136,9 +136,8 @@ class TernGradCodec(Codec):
                 s = min(s, self.clip * sigma)
         return np.float32(s)
 
-    @staticmethod
-    def _key(ctx):
-        return stream_key(ctx.seed, ctx.rank, ctx.step, TernGradCodec.codec_id)
+    def _key(self, ctx):
+        return self.draw_key(ctx.seed, ctx.rank, ctx.step)
 
     def _new_packet(self, n, s):
         """A packet for ``n`` codes with the scale ``s`` filled in, and its
