@@ -53,9 +53,9 @@ import numpy as np
 
 from ..codecs import own_algorithm
 from ..codecs.rotation import split_rotate
-from .harness import (BUFFERS, case_options, device_sync, empty_like, fmt_bytes, host_staging,
-                      make_buffer, mpi_library, mpi_thread_level, node_cores, on_device,
-                      parse_options, parse_range, sizes_from, slowest_rank, to_numpy)
+from .harness import (BUFFERS, allowed_cpus, case_options, device_sync, empty_like, fmt_bytes,
+                      host_staging, make_buffer, mpi_library, mpi_thread_level, node_cores,
+                      on_device, parse_options, parse_range, sizes_from, slowest_rank, to_numpy)
 
 
 def default_iterations(nbytes: int) -> int:
@@ -424,8 +424,7 @@ def main(argv=None) -> int:
             "numba": numba.__version__, "ranks": size, "threads": numba.get_num_threads(),
             "host": platform.node(), "hosts": comm.allgather(platform.node()),
             "cores": node_cores(comm), "bind": os.environ.get("HPCCOMM_BENCH_BIND", "none"),
-            "affinity": comm.allgather(sorted(os.sched_getaffinity(0)))
-            if hasattr(os, "sched_getaffinity") else None,
+            "affinity": comm.allgather(sorted(allowed_cpus())),
             "python": platform.python_version(), "date": date,
             "seed": args.seed, "options": options, "buffer": args.buffer, "cols": args.cols, "error_feedback": args.error_feedback,
             "cases": [f"{c}+{a}" for c, a in cases]}

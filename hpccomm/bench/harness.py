@@ -108,7 +108,8 @@ def mpi_thread_level() -> str:
 _CPUS_BEFORE_BINDING: Optional[FrozenSet[int]] = None
 
 
-def _allowed_cpus() -> FrozenSet[int]:
+def allowed_cpus() -> FrozenSet[int]:
+    """The CPUs this process may run on now (all of them off Linux)."""
     if not hasattr(os, "sched_getaffinity"):     # pragma: no cover (not Linux)
         return frozenset(range(os.cpu_count() or 1))
     return frozenset(os.sched_getaffinity(0))
@@ -133,7 +134,7 @@ def bind_to_core(rank: int) -> Optional[int]:
         raise SystemExit(f"HPCCOMM_BENCH_BIND={how!r}: use 'core' or 'none'")
     if how != "core" or not hasattr(os, "sched_setaffinity"):
         return None
-    cpus = sorted(_allowed_cpus())
+    cpus = sorted(allowed_cpus())
     if _CPUS_BEFORE_BINDING is None:
         _CPUS_BEFORE_BINDING = frozenset(cpus)
     cpu = cpus[rank % len(cpus)]
@@ -148,7 +149,7 @@ def node_cores(comm) -> int:
     one core still counts the node's cores, not one.  Collective."""
     from mpi4py import MPI
 
-    mine = _CPUS_BEFORE_BINDING if _CPUS_BEFORE_BINDING is not None else _allowed_cpus()
+    mine = _CPUS_BEFORE_BINDING if _CPUS_BEFORE_BINDING is not None else allowed_cpus()
     node = comm.Split_type(MPI.COMM_TYPE_SHARED)
     try:
         return len(frozenset().union(*node.allgather(mine)))

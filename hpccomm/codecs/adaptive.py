@@ -237,11 +237,8 @@ class Adaptive(SparseCodec):
             *parts, bad = self._run(acc, e, e_out, ctx)
         self._raise_nonfinite(bad)
         packet = self._packet(out.size, *parts)
-        H, counts, mu_pos, mu_neg, words = parts
-        if counts is None:
-            out[:] = 0
-        else:
-            K.adaptive_scatter(out.size, H, counts, mu_pos, mu_neg, words, out, False)
+        if parts[1] is not None:        # n = 0 has nothing to decode
+            K.adaptive_scatter(out.size, *parts, out, False)
         return packet
 
     # -- decode ------------------------------------------------------------------

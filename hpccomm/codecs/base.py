@@ -111,7 +111,6 @@ def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
     return rows
 
 
-
 class Draw:
     """What a laid-out encode (``encode_views``, ``owner_views``) of a
     stochastic codec reads of its :class:`EncodeContext`: ``key``, the

@@ -135,7 +135,7 @@ from ..kernels import bitcodes
 from ..kernels import qsgd as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_no_feedback, check_total, scale_array, summed_code_dtype
-from .base import HEADER_SIZE, Codec, payload_rows, register_codec
+from .base import HEADER_SIZE, Codec, Draw, payload_rows, register_codec
 
 BITS = (2, 4, 8)
 NORMS = ("l2", "max")
@@ -223,17 +223,21 @@ class QSGDCodec(Codec):
         d, s = self.bucket, self.levels
         return 2.0 * math.sqrt(2.0 * min(d / s ** 2, math.sqrt(d) / s)) + 0.5
 
+    def _bucket(self, n):
+        """The bucket size of a packet of ``n`` elements."""
+        return min(self.bucket, max(n, 1))
+
     def wire_size(self, n):
         if self.elias:
             return None
-        return packet_size(n, self.bits, min(self.bucket, max(n, 1)))
+        return packet_size(n, self.bits, self._bucket(n))
 
     def max_wire_size(self, n):
         """The fixed size, or with ``elias`` the worst case: every bucket at
         ``2 + |omega(L)|`` bits per element, rounded up to whole bytes."""
         if not self.elias:
             return self.wire_size(n)
-        bucket = min(self.bucket, max(n, 1))
+        bucket = self._bucket(n)
         full, rest = divmod(n, bucket)
         w = elias_worst_bits(self.levels)
         stream = full * (-(-bucket * w // 8)) + (-(-rest * w // 8))
@@ -291,15 +295,13 @@ class QSGDCodec(Codec):
         written by the kernels) and the bucket size it uses.  With ``elias``
         the packet is None and the fields are scratch arrays, which
         :meth:`_elias_packet` codes."""
-        bucket = min(self.bucket, max(n, 1))
-        nb = -(-n // bucket)
         if self.elias:
-            return (None, np.empty(nb, dtype=np.float32),
+            bucket = self._bucket(n)
+            return (None, np.empty(-(-n // bucket), dtype=np.float32),
                     np.empty(-(-(n * self.bits) // 8), dtype=np.uint8), bucket)
-        packet = self.new_packet(packet_size(n, self.bits, bucket), n,
-                                 extra=bucket | self.bits << 28, zeroed=False)
-        scales = packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32)
-        return packet, scales, packet[HEADER_SIZE + 4 * nb:], bucket
+        packet = self.new_packet(self.wire_size(n), n, extra=self.header_extra(n, None),
+                                 zeroed=False)
+        return (packet, *self.payload_views(packet, n, None))
 
     def _finish(self, packet, scales, codes, bucket, n):
         """The packet of the fields :meth:`_new_packet` gave and the
@@ -319,7 +321,7 @@ class QSGDCodec(Codec):
         head = ELIAS_PREFIX + 8 * nb
         scratch = np.empty(self.max_wire_size(n) - head, dtype=np.uint8)
         nbytes = int(E.elias_encode(codes, self.bits, bucket, n, words, lengths, table, scratch))
-        packet = self.new_packet(head + nbytes, n, extra=bucket | self.bits << 28,
+        packet = self.new_packet(head + nbytes, n, extra=self.header_extra(n, None),
                                  zeroed=False)
         packet[HEADER_SIZE:ELIAS_PREFIX].view("<u8")[0] = nbytes
         packet[ELIAS_PREFIX:ELIAS_PREFIX + 4 * nb] = scales.view(np.uint8)
@@ -359,10 +361,8 @@ class QSGDCodec(Codec):
         encode, decode and subtract."""
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         packet, scales, codes, bucket = self._new_packet(x.size)
-        bad = K.qsgd_encode_feedback(x, e, bucket, self.bits, self.levels, self.norm == "max",
-                                     self._key(ctx), ctx.offset, scales, codes, e_out,
-                                     *self._contract(x.size, bucket, ctx))
-        self._raise_nonfinite(bad)
+        self._raise_nonfinite(self.encode_views((scales, codes, bucket), x, e, e_out,
+                                                Draw(ctx.offset, ctx.feedback, self._key(ctx))))
         return self._finish(packet, scales, codes, bucket, x.size)
 
     def owner_step(self, received, e, e_out, out, ctx):
@@ -424,12 +424,12 @@ class QSGDCodec(Codec):
         return stream_key(seed, rank, step, self.codec_id)
 
     def header_extra(self, n, shape):
-        return min(self.bucket, max(n, 1)) | self.bits << 28
+        return self._bucket(n) | self.bits << 28
 
     def payload_views(self, packet, n, shape):
         """``(scales, codes, bucket)``: the per-bucket scales and the code
         bytes of a fixed-width packet of ``n`` elements, and its bucket size."""
-        bucket = min(self.bucket, max(n, 1))
+        bucket = self._bucket(n)
         nb = -(-n // bucket)
         return (packet[HEADER_SIZE:HEADER_SIZE + 4 * nb].view(np.float32),
                 packet[HEADER_SIZE + 4 * nb:packet_size(n, self.bits, bucket)], bucket)
@@ -438,7 +438,7 @@ class QSGDCodec(Codec):
         """``(codes, scale bytes, bucket)`` of the packets of one chunk of
         ``m``, as rows (the scales as bytes: packets an odd number of bytes
         apart leave them unaligned for a float32 view)."""
-        bucket = min(self.bucket, max(m, 1))
+        bucket = self._bucket(m)
         nb = -(-m // bucket)
         return (payload_rows(packets, HEADER_SIZE + 4 * nb, np.uint8, -(-(m * self.bits) // 8)),
                 payload_rows(packets, HEADER_SIZE, np.uint8, 4 * nb), bucket)

@@ -155,10 +155,9 @@ class TernGradCodec(Codec):
         """``(s, unit)`` of ``v = x + e`` (``v = x`` for ``e=None``): the
         clipping scale and the scale the packets store (see above), from one
         pass (:func:`~hpccomm.kernels.terngrad.tern_stats`)."""
-        maxabs, s1, s2, l1, l2, bad = K.tern_stats(x, e)
+        s, unit, bad = self._stat_or_bad(x.size, K.tern_stats(x, e), ctx)
         self._raise_nonfinite(bad)
-        s = self._scale_from(x.size, maxabs, s1, s2, ctx)
-        return s, self._unit(s, maxabs, l1, l2, ctx)
+        return s, unit
 
     def encode_piece(self, x, e, e_out, stat, ctx):
         """The packet of ``v = x + e`` drawn against its chunk's ``stat``
@@ -200,10 +199,9 @@ class TernGradCodec(Codec):
 
     def owner_stat(self, acc, e, out, ctx):
         """``(s, unit)`` of the owner's ``w = out + e`` once every piece was added."""
-        maxabs, s1, s2, l1, l2, bad = K.tern_owner_total(*acc, e, out)
+        s, unit, bad = self._stat_or_bad(out.size, K.tern_owner_total(*acc, e, out), ctx)
         self._raise_nonfinite(bad)
-        s = self._scale_from(out.size, maxabs, s1, s2, ctx)
-        return s, self._unit(s, maxabs, l1, l2, ctx)
+        return s, unit
 
     def owner_encode_piece(self, e, e_out, out, lo, hi, stat, ctx):
         """The owner packet of the piece ``[lo, hi)`` of ``w = out + e`` against
@@ -252,15 +250,17 @@ class TernGradCodec(Codec):
         return (payload_rows(packets, HEADER_SIZE, np.uint8, 4),
                 payload_rows(packets, CODES_OFFSET, np.uint8, -(-m // 4)))
 
-    def _stat_or_bad(self, n, moments, draw):
-        """``(s, unit, bad)`` from :func:`~hpccomm.kernels.terngrad.tern_stats`'
-        moments as :meth:`chunk_stat` takes them (``draw.feedback``); ``s``
-        None when a NaN/Inf is to be raised rather than encoded."""
+    def _stat_or_bad(self, n, moments, ctx):
+        """``(s, unit, bad)`` from the moments of
+        :func:`~hpccomm.kernels.terngrad.tern_stats` (or the owner's total) of
+        ``n`` values, under ``ctx.feedback`` (an :class:`EncodeContext` or a
+        :class:`~hpccomm.codecs.base.Draw`); ``s`` and ``unit`` None when a
+        NaN/Inf is to be raised rather than encoded."""
         maxabs, s1, s2, l1, l2, bad = moments
         if bad and self.nonfinite == "raise":
             return None, None, bad
-        s = self._scale_from(n, maxabs, s1, s2, draw)
-        return s, self._unit(s, maxabs, l1, l2, draw), bad
+        s = self._scale_from(n, maxabs, s1, s2, ctx)
+        return s, self._unit(s, maxabs, l1, l2, ctx), bad
 
     def encode_views(self, views, x, e, e_out, draw):
         """:meth:`encode_with_feedback` into ``views`` as ``draw`` (the moments'

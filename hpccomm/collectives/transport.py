@@ -80,6 +80,7 @@ ALLREDUCE_SHORT_BYTES = 2048
 
 _OPS = {"sum": MPI.SUM, "max": MPI.MAX}
 
+
 class _Waiting(threading.local):
     #: a class default, so that a thread that never set it reads None without
     #: the AttributeError that ``getattr(local, name, None)`` raises inside
