@@ -15,7 +15,7 @@ from .codecs import Codec, default_algorithm, get_codec
 from .collectives.base import Algorithm, ReduceContext, get_algorithm_class
 from .collectives.mpi import device_allreduce
 from .collectives.on_device import DEVICE_ALGORITHMS, DevicePath, why_not_on_device
-from .collectives.transport import INT_MAX, Transport, dense_allreduce
+from .collectives.transport import INT_MAX, Transport, allreduce_bytes, allreduce_sum
 from .communicators import private_comm, ranks_on_node
 from .errors import ConsistencyError, nonfinite_input
 from .failstop import check_on_error, stranded
@@ -29,6 +29,8 @@ from .requests import Request
 from .state import KeyState
 from .stats import CallStats, Stats
 from .validation import agree, check_local
+
+_now = time.perf_counter
 
 OPS = ("sum", "mean")
 CHECKS = ("always", "first", "never")
@@ -341,9 +343,9 @@ class Allreducer:
 
     def _call(self, x: Any, key: Optional[str], out: Any, layout: Any = None,
               where: Any = None) -> Any:
-        if key is not None and type(x) is np.ndarray and layout is None:
+        if type(key) is str and type(x) is np.ndarray and layout is None:
             lean = self._lean.get(key)
-            if lean is not None and x.shape == lean.shape and x.dtype == lean.dtype:
+            if lean is not None and x.shape == lean.shape and x.dtype is lean.dtype:
                 result = (self._lean_call(lean, x, out) if lean.plan is None
                           else self._planned_call(lean, x, out))
                 if result is not None:
@@ -353,7 +355,7 @@ class Allreducer:
         prepared = None
         if err is None:
             prepared, err = check_local(self._prepare, x, out, key, layout, where)
-        first = key is None or key not in self._states
+        first = key is None or not isinstance(key, str) or key not in self._states
         deferred = None
         if self.check == "always" or first or self._comm is None:
             if err is None:
@@ -484,8 +486,11 @@ class Allreducer:
             return
         if buf.dtype in self.algorithm.dtypes and self.algorithm.sends_dense(buf.size, buf.shape,
                                                                             key):
+            moved = allreduce_bytes(x.nbytes, self.size)
+            template = CallStats(key=key, n=x.size, nbytes=x.nbytes, bytes_sent=moved,
+                                 bytes_recv=moved, modelled=True, extra=dict(call.extra))
             self._lean[key] = _Lean(key, x.shape, x.dtype, desc, self._scans_input(buf, False),
-                                    state, dict(call.extra))
+                                    state, template.extra, template=template)
             return
         if (buf.dtype == "float32" and layout is None and self.fused
                 and getattr(self.codec, "check_values", None) is None):
@@ -545,20 +550,22 @@ class Allreducer:
         checks (the cross-rank agreement under ``check="always"``, with the
         same description, and the NaN/Inf scan where the full path makes
         it), the same ``MPI_Allreduce`` on the private communicator, the same
-        statistics.  Returns None (nothing done) when this call does not fit
-        (another ``out``, a strided input, a NaN to report): the full path
-        then handles it, collectively compatible with ranks that took this
-        one (both agree on the same description, then reduce the same way)."""
-        t0 = time.perf_counter()
+        statistics (recorded from the key's ``lean.template``).
+        Returns None (nothing done) when this call does not fit (another
+        ``out``, a strided input, a NaN to report): the full path then
+        handles it, collectively compatible with ranks that took this one
+        (both agree on the same description, then reduce the same way)."""
+        t0 = _now()
         if not x.flags.c_contiguous:
             return None
         if out is None:
-            res, send = np.empty_like(x), x
+            res, send = np.empty(lean.shape, lean.dtype), x
         elif out is x:
             res, send = x, MPI.IN_PLACE
-        elif (type(out) is np.ndarray and out.shape == x.shape and out.dtype == x.dtype
-              and out.flags.c_contiguous and out.flags.writeable
-              and not np.may_share_memory(out, x)):
+        elif type(out) is np.ndarray and out.shape == lean.shape and out.dtype is lean.dtype:
+            flags = out.flags
+            if not (flags.c_contiguous and flags.writeable) or _may_overlap(out, x):
+                return None
             res, send = out, x
         else:
             return None
@@ -566,19 +573,19 @@ class Allreducer:
             return None
         if lean.desc is not None:
             agree(self.comm, lean.desc)
-        call = CallStats(key=lean.key, n=x.size, nbytes=x.nbytes, extra=dict(lean.extra))
+        t1 = _now()
         try:
-            dense_allreduce(self._comm, send, res, call)
+            allreduce_sum(self._comm, send, res)
         except Exception as exc:
             stranded(exc, self._comm, self.on_error,
                      lambda: self._call_text(x.size, lean.key, lean.state.step))
             raise
+        t2 = _now()
         if self.op == "mean":
             np.divide(res, res.dtype.type(self.size), out=res)
         lean.state.step += 1
         self._states.move_to_end(lean.key)
-        call.t_total = time.perf_counter() - t0
-        self.stats.record(call)
+        self.stats.record_repeat(lean.template, t2 - t1, _now() - t0)
         return res
 
     def _call_text(self, n: int, key: Optional[str], step: int) -> str:
@@ -705,14 +712,25 @@ __all__ = ["Allreducer", "allreduce", "ConsistencyError"]
 
 class _Lean:
     """What a key's repeated call needs: the dense lean path
-    (:meth:`Allreducer._lean_call`, ``plan`` None) or the algorithm's plan
+    (:meth:`Allreducer._lean_call`, ``plan`` None; ``template`` is its
+    calls' statistics but for the times) or the algorithm's plan
     (:meth:`Allreducer._planned_call`)."""
 
-    __slots__ = ("key", "shape", "dtype", "desc", "scan", "state", "extra", "plan", "defers")
+    __slots__ = ("key", "shape", "dtype", "desc", "scan", "state", "extra", "plan", "defers",
+                 "template")
 
-    def __init__(self, key, shape, dtype, desc, scan, state, extra, plan=None, defers=False):
+    def __init__(self, key, shape, dtype, desc, scan, state, extra, plan=None, defers=False,
+                 template=None):
         self.key, self.shape, self.dtype, self.desc, self.scan = key, shape, dtype, desc, scan
         self.state, self.extra, self.plan, self.defers = state, extra, plan, defers
+        self.template = template
+
+
+def _may_overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two distinct arrays may share memory: not when both own
+    their data (two allocations), which is cheaper to see than
+    ``np.may_share_memory``."""
+    return not (a.base is None and b.base is None) and np.may_share_memory(a, b)
 
 
 def _length(x: Any) -> Any:

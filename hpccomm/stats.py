@@ -9,7 +9,8 @@ traffic cannot be observed, so the bandwidth-optimal figure
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
+from typing import Optional, Tuple
 
 PHASES = ("encode", "comm", "decode")
 
@@ -61,7 +62,11 @@ class _Timer:
 
 
 class Stats:
-    """Cumulative :class:`CallStats` of an :class:`~hpccomm.Allreducer`."""
+    """Cumulative :class:`CallStats` of an :class:`~hpccomm.Allreducer`.
+
+    ``last`` is the last call's :class:`CallStats`.  A repeated call that
+    only times an unchanging call (:meth:`record_repeat`) does not build one:
+    ``last`` is made from its template when read."""
 
     def __init__(self):
         self.reset()
@@ -74,7 +79,17 @@ class Stats:
         self.t_comm = 0.0
         self.t_decode = 0.0
         self.t_total = 0.0
-        self.last: CallStats = CallStats()
+        self._last: CallStats = CallStats()
+        self._repeat: Optional[Tuple[CallStats, float, float]] = None
+
+    @property
+    def last(self) -> CallStats:
+        if self._repeat is not None:
+            template, t_comm, t_total = self._repeat
+            self._last = replace(template, t_comm=t_comm, t_total=t_total,
+                                 extra=dict(template.extra))
+            self._repeat = None
+        return self._last
 
     def record(self, call: CallStats) -> None:
         self.calls += 1
@@ -84,7 +99,18 @@ class Stats:
         self.t_comm += call.t_comm
         self.t_decode += call.t_decode
         self.t_total += call.t_total
-        self.last = call
+        self._last, self._repeat = call, None
+
+    def record_repeat(self, template: CallStats, t_comm: float, t_total: float) -> None:
+        """Record a call that is ``template`` (its key, sizes and bytes; no
+        encode or decode) with these times -- the reducer's repeated dense
+        call, which thus builds no object per call."""
+        self.calls += 1
+        self.bytes_sent += template.bytes_sent
+        self.bytes_recv += template.bytes_recv
+        self.t_comm += t_comm
+        self.t_total += t_total
+        self._repeat = (template, t_comm, t_total)
 
     def as_dict(self) -> dict:
         return {"calls": self.calls, "bytes_sent": self.bytes_sent, "bytes_recv": self.bytes_recv,

@@ -88,22 +88,33 @@ def agree(comm: MPI.Comm, description: str, error: Optional[BaseException] = Non
         if error is not None:
             raise _rebuild(type(error).__name__, f"rank 0: {error}") from error
         return
-    rank = comm.Get_rank()
-    h = description_hash(description)
-    flags = np.array([1 if error is not None else 0, h, -h, (size - rank) if error is not None else 0],
-                     dtype=np.int64)
+    if error is None:
+        flags = _passing_flags(description).copy()
+    else:
+        h = description_hash(description)
+        flags = np.array([1, h, -h, size - comm.Get_rank()], dtype=np.int64)
     comm.Allreduce(MPI.IN_PLACE, flags, op=MPI.MAX)
-    if flags[0]:
-        root = size - int(flags[3])
-        payload = (type(error).__name__, str(error)) if rank == root else None
+    failed, high, minus_low, first = flags.tolist()
+    if failed:
+        root = size - first
+        payload = (type(error).__name__, str(error)) if comm.Get_rank() == root else None
         name, message = comm.bcast(payload, root=root)
         exc = _rebuild(name, f"rank {root}: {message}")
         if error is not None:
             raise exc from error
         raise exc
-    if flags[1] != -flags[2]:
+    if high != -minus_low:
         descriptions = comm.allgather(description)
         raise everywhere(ConsistencyError(explain_mismatch(descriptions)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _passing_flags(description: str) -> np.ndarray:
+    """:func:`agree`'s flags of a rank without error (read-only: copied per call)."""
+    h = description_hash(description)
+    flags = np.array([0, h, -h, 0], dtype=np.int64)
+    flags.flags.writeable = False
+    return flags
 
 
 def explain_mismatch(descriptions) -> str:

@@ -31,7 +31,7 @@ call is ``start(...).wait()`` (the error is met on the progress thread).
 The injector patches :class:`hpccomm.collectives.transport.Transport` (and
 the transfers that go around it: a repeated call's
 :class:`~hpccomm.collectives.transport.FixedExchange`, the lean path's
-``dense_allreduce``) in this process only: the library is the one under test.
+``allreduce_sum``) in this process only: the library is the one under test.
 """
 import os
 import signal
@@ -79,9 +79,9 @@ class Injector:
             setattr(T.FixedExchange, name, self._blocking(original, name))
         import hpccomm.core    # the repeated dense call of a key goes around the Transport
 
-        dense = hpccomm.core.dense_allreduce
-        hpccomm.core.dense_allreduce = lambda comm, *args: self._received(
-            "dense_allreduce", dense(comm, *args), comm.Get_rank())
+        dense = hpccomm.core.allreduce_sum
+        hpccomm.core.allreduce_sum = lambda comm, *args: self._received(
+            "allreduce_sum", dense(comm, *args), comm.Get_rank())
 
     def _blocking(self, original, name):
         def wrapper(net, *args, **kwargs):

@@ -38,9 +38,13 @@ def test_repeated_dense_calls_have_mpis_bits(codec, algorithm, check, op, out_mo
     for step in range(calls):
         x, out = input_and_out(n, step, out_mode)
         want = reference(np.ascontiguousarray(x), op)
+        before = reducer.stats.t_total
         got = reducer(x, key="g", out=out)
         if out is not None:
             assert got is out
+        # stats.last is this call's, whichever path took it
+        assert reducer.stats.last.t_total == pytest.approx(reducer.stats.t_total - before,
+                                                           rel=1e-9, abs=1e-12)
         results.append(digest(got))
         wants.append(digest(want))
         after_first = after_first or reducer.stats.bytes_sent
@@ -77,7 +81,10 @@ def test_nan_on_one_rank_after_lean_calls_is_raised_everywhere():
 @pytest.mark.parametrize("bad,error,text", [("longer", "ValueError",
                                              "key 'g' names a tensor of 500 elements, this "
                                              "call has 501"),
-                                            ("strided", "ValueError", "not C-contiguous")])
+                                            ("strided", "ValueError", "not C-contiguous"),
+                                            ("list key", "TypeError",
+                                             "key must be a string, not list"),
+                                            ("float16", "ConsistencyError", "dtype=float16")])
 @pytest.mark.parametrize("algorithm,path", [("auto", "dense"), ("twoshot", "kernels")])
 def test_bad_input_on_one_rank_after_lean_calls_is_raised_everywhere(bad, error, text,
                                                                      algorithm, path):
@@ -89,10 +96,14 @@ def test_bad_input_on_one_rank_after_lean_calls_is_raised_everywhere(bad, error,
     for _ in range(3):
         reducer(x, key="g")
     assert reducer.repeat_path("g") == path
-    y = x
+    y, key = x, "g"
     if RANK == 0:
-        y = rank_data(501) if bad == "longer" else rank_data(1000)[::2]
-    (name, message), same = raise_everywhere(lambda: reducer(y, key="g"))
+        if bad == "list key":
+            key = ["g"]
+        else:
+            y = {"longer": rank_data(501), "strided": rank_data(1000)[::2],
+                 "float16": x.astype(np.float16)}[bad]
+    (name, message), same = raise_everywhere(lambda: reducer(y, key=key))
     assert same and name == error and text in message, message
 
 

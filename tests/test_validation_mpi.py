@@ -49,6 +49,15 @@ def test_mismatched_keys():
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("check", ["always", "first"])
+def test_an_unhashable_key_on_one_rank(check):
+    r = hpccomm.Allreducer(check=check)
+    key = ["k"] if RANK == 0 else "k"
+    expect_everywhere(lambda: r(np.zeros(4, np.float32), key=key), TypeError,
+                      "rank 0: key must be a string, not list")
+
+
+@pytest.mark.mpi(min_size=2)
 def test_unknown_codec_on_one_rank():
     codec = "nosuchcodec" if RANK == 1 else "none"
     expect_everywhere(lambda: hpccomm.allreduce(np.zeros(4, np.float32), codec=codec),

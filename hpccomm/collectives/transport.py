@@ -126,21 +126,15 @@ def allreduce_bytes(nbytes: int, size: int) -> int:
     return 2 * (size - 1) * nbytes // size
 
 
-def dense_allreduce(comm: MPI.Comm, send, recv: np.ndarray, call: CallStats) -> None:
+def allreduce_sum(comm: MPI.Comm, send, recv: np.ndarray) -> None:
     """One plain ``MPI_Allreduce`` (sum) of a host array of at most
-    ``2**31 - 1`` elements, timed and accounted in ``call`` as
-    :meth:`Transport.allreduce` does -- without building a Transport: the
-    reducer's repeated dense call of a key (``send`` may be ``MPI.IN_PLACE``)."""
-    t0 = time.perf_counter()
+    ``2**31 - 1`` elements, waited for the way this thread waits
+    (:func:`set_wait_interval`): the reducer's repeated dense call of a key
+    (``send`` may be ``MPI.IN_PLACE``; its bytes are :func:`allreduce_bytes`)."""
     if _interval() is None:
         comm.Allreduce(send, recv, op=MPI.SUM)
     else:
         wait_all([comm.Iallreduce(send, recv, op=MPI.SUM)])
-    call.t_comm += time.perf_counter() - t0
-    moved = allreduce_bytes(recv.nbytes, comm.Get_size())
-    call.bytes_sent += moved
-    call.bytes_recv += moved
-    call.modelled = True
 
 
 def binomial_children(rank: int, size: int) -> int:
