@@ -440,15 +440,15 @@ def test_threshold_alpha_matches_numpy(n):
 
 def ref_sum_squares(x):
     """``sum(x_i^2)`` in the documented order (:func:`hpccomm.kernels.sparsify.
-    _sum_squares`): per block, lane ``i mod 8`` in sequence, the lanes in
+    _sum_squares`): per block, lane ``i mod 32`` in sequence, the lanes in
     order, then the tail; the blocks in order."""
     total = 0.0
     for lo in range(0, x.size, BLOCK):
         b = x[lo:lo + BLOCK].astype(np.float64)
-        full = b.size - b.size % 8
+        full = b.size - b.size % 32
         s = 0.0
-        for lane in range(8):
-            s += np.cumsum(b[lane:full:8] ** 2)[-1] if full else 0.0
+        for lane in range(32):
+            s += np.cumsum(b[lane:full:32] ** 2)[-1] if full else 0.0
         for v in b[full:]:
             s += v * v
         total += s
@@ -505,6 +505,44 @@ def test_threshold_cap_keeps_the_largest():
     x = np.array([0.6, -2.0, 0.7, 3.0, -0.6, 0.0, 1.0, -1.0], dtype=np.float32)
     out = get_codec("threshold", tau=0.5, max_ratio=0.375).roundtrip(x)  # cap 3
     np.testing.assert_array_equal(out, [0, -0.5, 0, 0.5, 0, 0, 0.5, 0])
+
+
+@pytest.mark.parametrize("case", ["spread", "one block", "over the cap"])
+@pytest.mark.parametrize("in_place", [False, True])
+def test_threshold_with_feedback_in_one_pass(case, in_place):
+    """threshold's encode with feedback takes its quanta in the pass that
+    forms ``v`` (:func:`~hpccomm.kernels.sparsify.compensate_sign_quanta`):
+    the bits of the three steps (encode ``v``, decode, subtract) when the
+    candidates are spread; when one block holds more than its share of the
+    scratch, or more than the capacity qualify, ``v`` is restored exactly
+    and the capped selection runs from it.  The residual may be updated in
+    place (``e_out`` is ``e``)."""
+    n = 3 * BLOCK + 1003
+    codec = get_codec("threshold", tau=1.0, max_ratio=0.05)
+    cap = codec.max_count(n)
+    x = data(n, 5) * np.float32(0.25)
+    x[::997] = np.float32(-1.5)
+    if case == "one block":              # 8000 > the block's share, < cap
+        x[BLOCK:BLOCK + 8000] = np.where(np.arange(8000) % 3, 2.0, -2.5)
+    elif case == "over the cap":
+        x[::9] = np.float32(1.25)
+        x[5::90] = np.float32(3.0)
+    e = data(n, 6) * np.float32(0.2)
+    v = x + e
+    expect = codec.encode(v, CTX)
+    want_e = v - codec.decode(expect, np.empty(n, np.float32))
+    vv = np.empty(n, np.float32)
+    write, m, bad = sparse_kernels.compensate_sign_quanta(x, e, vv, np.float32(1.0), cap,
+                                                          np.dtype(np.uint32))
+    assert (write is None) == (case != "spread") and bad == 0
+    assert (m > cap) == (case == "over the cap")
+    if write is None:
+        assert vv.tobytes() == v.tobytes()
+    e_in = e.copy()
+    e_out = e_in if in_place else np.empty(n, np.float32)
+    packet = codec.encode_with_feedback(x, e_in, e_out, CTX)
+    assert packet.tobytes() == expect.tobytes()
+    assert e_out.tobytes() == want_e.tobytes()
 
 
 def test_threshold_summable_form():

@@ -147,9 +147,11 @@ class Threshold(SparseCodec):
         tau = self.alpha * math.sqrt(ss / x.size)
         return np.float32(tau) if tau <= F32_MAX else np.float32(np.inf)
 
-    def _select(self, x, ctx, ss=None):
-        """``(tau, idx, vals)``: the elements that send a quantum, capped."""
-        tau = self._threshold(x, ctx, ss)
+    def _select(self, x, ctx, ss=None, tau=None):
+        """``(tau, idx, vals)``: the elements that send a quantum, capped
+        (``tau``: the threshold, when the caller has it)."""
+        if tau is None:
+            tau = self._threshold(x, ctx, ss)
         idt = index_dtype(x.size)
         if not (0 < tau < np.inf):  # alpha: all zeros, or beyond float32
             return tau, np.empty(0, idt), np.empty(0, np.float32)
@@ -173,18 +175,35 @@ class Threshold(SparseCodec):
 
     def encode_with_feedback(self, x, e, e_out, ctx):
         """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out
-        = v - decode(packet)`` without a dense decode: ``v`` is formed in
-        ``e_out`` (with the sum of squares of the fresh ``x``, block by block,
-        for ``alpha``: :func:`~hpccomm.kernels.sparsify.compensate`), selected
-        from there, and corrected at the sent entries only (``-+ tau``; ``v -
-        0.0 == v`` elsewhere) -- the bits of encode, decode and subtract with
-        ``ctx.fresh = x``."""
-        x, e, e_out = self._feedback_arrays(x, e, e_out)
-        bad, ss = K.compensate(x, e, e_out, squares=self.tau is None)
+        = v - decode(packet)`` without a dense decode -- the bits of encode,
+        decode and subtract with ``ctx.fresh = x`` (:meth:`_feedback_packet`)."""
+        return self._feedback_packet(*self._feedback_arrays(x, e, e_out))
+
+    def _feedback_packet(self, x, e, e_out):
+        """The packet of ``v = x + e`` with ``tau`` from the fresh ``x``, and
+        ``e_out = v -+ tau`` at its entries (``v`` elsewhere).  For ``alpha``,
+        the sum of squares of ``x`` first (a read of ``x``); then one pass
+        over ``x`` and ``e`` forms ``v`` in ``e_out``, takes the quanta and
+        collects the words (:func:`~hpccomm.kernels.sparsify.compensate_sign_quanta`),
+        unless more than the capacity qualify: the largest then go, selected
+        from ``v`` as :meth:`encode` does."""
+        n = x.size
+        tau = self._threshold(x, None, K.sum_squares(x) if self.tau is None else None)
+        if not 0 < tau < np.inf:  # alpha: all zeros, or beyond float32 (or NaN)
+            bad, _ = K.compensate(x, e, e_out, squares=False)
+            self._raise_nonfinite(bad)
+            return self._packet(n, tau, np.empty(0, index_dtype(n)), np.empty(0, np.float32))
+        write, m, bad = K.compensate_sign_quanta(x, e, e_out, tau, self.max_count(n),
+                                                 word_dtype(n))
         self._raise_nonfinite(bad)
-        tau, idx, vals = self._select(e_out, ctx, ss if self.tau is None else None)
-        packet = self._packet(e_out.size, tau, idx, vals)
-        K.subtract_sign_quanta(e_out, idx, vals, tau)
+        if write is None:
+            tau, idx, vals = self._select(e_out, None, tau=tau)
+            packet = self._packet(n, tau, idx, vals)
+            K.subtract_sign_quanta(e_out, idx, vals, tau)
+            return packet
+        packet = self.new_packet(PREFIX + word_dtype(n).itemsize * m, n, extra=m)
+        packet[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0] = tau if m else 0
+        write(packet[PREFIX:].view(word_dtype(n)))
         return packet
 
     def owner_step(self, received, e, e_out, out, ctx):
@@ -202,13 +221,10 @@ class Threshold(SparseCodec):
         for tau, words in quanta:
             K.scatter_sign_words(words, tau, out, True)
         if e_out is None:
-            tau, idx, vals = self._select(self._check_input(out), ctx)
+            packet = self._packet(out.size, *self._select(self._check_input(out), ctx))
         else:
-            bad, ss = K.compensate(out, e, e_out, squares=self.tau is None)
-            self._raise_nonfinite(bad)
-            tau, idx, vals = self._select(e_out, ctx, ss if self.tau is None else None)
-            K.subtract_sign_quanta(e_out, idx, vals, tau)
-        packet = self._packet(out.size, tau, idx, vals)
+            packet = self._feedback_packet(out, e, e_out)
+        tau = packet[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32)[0]
         out[:] = 0      # decode(packet): its words are the ones just packed
         K.scatter_sign_words(packet[PREFIX:].view(word_dtype(out.size)), tau, out, False)
         return packet
