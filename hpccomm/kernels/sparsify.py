@@ -188,13 +188,38 @@ def select_abs_ge(x, t, index_dtype):
     return idx, vals
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _compensate_chunk(xb, eb, has_e, vb, c0, t):
+    """``v = xb + eb`` (``xb`` without ``has_e``) over the :data:`CHUNK`
+    elements from ``c0``, written to ``vb``; returns ``(q, mask,
+    nonfinite)``: the chunk of ``vb``, the 64-bit mask of its candidates
+    ``|v| >= t and v != 0`` (formed from the chunk just written: two loops
+    that vectorize), and whether any ``v`` is NaN or infinite (``v - v !=
+    0``)."""
+    q = vb[c0:c0 + CHUNK]
+    xq = xb[c0:c0 + CHUNK]
+    if has_e:
+        eq = eb[c0:c0 + CHUNK]
+        for j in range(CHUNK):
+            q[j] = xq[j] + eq[j]
+    else:
+        for j in range(CHUNK):
+            q[j] = xq[j]
+    mask = np.uint64(0)
+    nonfinite = False
+    for j in range(CHUNK):
+        v = q[j]
+        nonfinite |= (v - v) != 0
+        mask |= np.uint64((abs(v) >= t) & (v != 0)) << np.uint64(j)
+    return q, mask, nonfinite
+
+
 @njit(cache=True, nogil=True)
 def _compensate_compact_block(xb, eb, has_e, t, vb, lo, idx, vals):
     """``vb = xb + eb`` (``xb`` without ``has_e``) and the candidates of
     ``vb`` at ``t`` (global indices from ``lo``) to ``idx`` / ``vals`` from
     0 on, in index order, at most ``idx.size`` of them; chunk by chunk of
-    :data:`CHUNK` (the sum, then the mask of :func:`_compact_block` from the
-    chunk just written: two loops that vectorize).  Returns ``(count,
+    :data:`CHUNK` (:func:`_compensate_chunk`).  Returns ``(count,
     nonfinite)``: all candidates counted (beyond ``idx.size`` none is
     written), and whether any ``v`` is NaN or infinite (``v - v != 0``)."""
     cap = idx.size
@@ -202,20 +227,8 @@ def _compensate_compact_block(xb, eb, has_e, t, vb, lo, idx, vals):
     k = 0
     nonfinite = False
     for c0 in range(0, body, CHUNK):
-        q = vb[c0:c0 + CHUNK]
-        xq = xb[c0:c0 + CHUNK]
-        if has_e:
-            eq = eb[c0:c0 + CHUNK]
-            for j in range(CHUNK):
-                q[j] = xq[j] + eq[j]
-        else:
-            for j in range(CHUNK):
-                q[j] = xq[j]
-        mask = np.uint64(0)
-        for j in range(CHUNK):
-            v = q[j]
-            nonfinite |= (v - v) != 0
-            mask |= np.uint64((abs(v) >= t) & (v != 0)) << np.uint64(j)
+        q, mask, bad = _compensate_chunk(xb, eb, has_e, vb, c0, t)
+        nonfinite |= bad
         real = mask != 0            # the first candidate: see _compact_block
         j, mask = _lowest_bit(mask)
         if k < cap:
@@ -334,7 +347,7 @@ def _sign_quanta_block(xb, eb, has_e, tau, vb, lo, words, vals):
     ``v`` at ``tau`` in index order, up to ``words.size`` of them: the word
     ``(lo + i) << 1 | (v > 0)``, ``v`` itself in ``vals``, and ``vb = v -+
     tau``; candidates beyond keep ``vb = v``.  Chunk by chunk of
-    :data:`CHUNK`, as :func:`_compensate_compact_block`.  Returns ``(count,
+    :data:`CHUNK` (:func:`_compensate_chunk`).  Returns ``(count,
     nonfinite)``: all candidates counted, and whether any ``v`` is NaN or
     infinite."""
     cap = words.size
@@ -342,20 +355,8 @@ def _sign_quanta_block(xb, eb, has_e, tau, vb, lo, words, vals):
     k = 0
     nonfinite = False
     for c0 in range(0, body, CHUNK):
-        q = vb[c0:c0 + CHUNK]
-        xq = xb[c0:c0 + CHUNK]
-        if has_e:
-            eq = eb[c0:c0 + CHUNK]
-            for j in range(CHUNK):
-                q[j] = xq[j] + eq[j]
-        else:
-            for j in range(CHUNK):
-                q[j] = xq[j]
-        mask = np.uint64(0)
-        for j in range(CHUNK):
-            v = q[j]
-            nonfinite |= (v - v) != 0
-            mask |= np.uint64((abs(v) >= tau) & (v != 0)) << np.uint64(j)
+        q, mask, bad = _compensate_chunk(xb, eb, has_e, vb, c0, tau)
+        nonfinite |= bad
         while mask:
             j, mask = _lowest_bit(mask)
             if k < cap:
