@@ -728,9 +728,10 @@ class _Lean:
 
 def _may_overlap(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two distinct arrays may share memory: not when both own
-    their data (two allocations), which is cheaper to see than
+    their data (two allocations; ``base is None`` alone would not say so
+    for an array made around foreign memory), which is cheaper to see than
     ``np.may_share_memory``."""
-    return not (a.base is None and b.base is None) and np.may_share_memory(a, b)
+    return not (a.flags.owndata and b.flags.owndata) and np.may_share_memory(a, b)
 
 
 def _length(x: Any) -> Any:
