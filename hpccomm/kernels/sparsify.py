@@ -426,7 +426,9 @@ def compensate_sign_quanta(x, e, v, tau, count_max, word_dtype):
     scratch (twice the average share of ``count_max``): ``v`` is then the
     plain ``x + e``, for the caller's capped selection.  Each block keeps
     its words and values in its own range of this thread's scratch (held
-    between calls, as :func:`_scratch_pairs`)."""
+    between calls, as :func:`_scratch_pairs`): about ``16 count_max``
+    bytes of address space, of which only the pages that entries reach are
+    ever touched -- twice the words actually sent, in steady state."""
     n = x.size
     nb = (n + BLOCK - 1) // BLOCK
     cap = int(min(BLOCK, max(1024, -(-2 * count_max * BLOCK // max(n, 1)))))
