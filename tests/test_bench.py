@@ -508,6 +508,32 @@ def test_calibrate_writes_a_profile_that_auto_reads(tmp_path, ranks):
     assert got.returncode == 0 and got.stdout.strip() == str(path), got.stderr
 
 
+def test_allreduce_calibrates_in_its_own_launch(tmp_path):
+    """``allreduce --calibrate FILE`` writes a profile of the sweep's codecs
+    before the sweep, and ``auto`` decides by that file, not by the one in
+    ``$HPCCOMM_PROFILE`` when the launch began."""
+    from hpccomm import cost_model
+
+    path, out = tmp_path / "profile.json", tmp_path / "r.json"
+    elsewhere = tmp_path / "absent.json"
+    proc = subprocess.run(
+        [MPIEXEC, "-n", "2", PY, "-m", "mpi4py", "-m", "hpccomm.bench", "allreduce",
+         "-m", "4K:4K", "-i", "3", "-x", "1", "--codec", "onebit,topk",
+         "--algorithm", "auto", "--no-progress", "--calibrate", str(path),
+         "--calibrate-mode", "quick", "-J", str(out)],
+        capture_output=True, text=True, timeout=240,
+        env={**ENV, "HPCCOMM_PROFILE": str(elsewhere)})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("# hpccomm calibrate (quick, P = 2"), proc.stdout[:200]
+    profile = cost_model.validate(json.loads(path.read_text()))
+    assert sorted(profile["kernels"]) == ["*", "none", "onebit", "topk"]
+    data = json.loads(out.read_text())
+    assert data["meta"]["calibrated"] == str(path)
+    autos = [r for r in data["rows"] if r["algorithm_name"] == "auto"]
+    assert len(autos) == 2 and all(r["auto_profile"] == str(path) for r in autos), autos
+    assert not elsewhere.exists()
+
+
 def test_network_profiles_have_the_published_parameter_counts():
     from hpccomm.bench.networks import NETWORKS
 

@@ -38,6 +38,15 @@ error feedback the second call carries the first's residuals) -- and the
 first call's ``gain`` (``<r, s> / <s, s>``) and ``rel_err`` must lie in the
 band the codec's theory gives for N(0, 1) inputs (:func:`hpccomm.reference.error_band`).
 A codec that decodes to zeros agrees with its own reference but has gain 0.
+
+``--calibrate FILE`` measures ``auto``'s profile in this launch before the
+sweep (what ``bench calibrate`` measures, for the sweep's codecs, in the mode
+``--calibrate-mode`` names), writes it to ``FILE`` and lets ``auto`` decide
+by it.  A profile from another launch may
+describe another state of the MPI library: on a VM, MPICH's shared-memory
+copy runs in one of two speeds per launch, 1.3-1.8x apart
+(``docs/results/auto.md``), and a calibration and the sweep it predicts are
+then two launches.
 """
 from __future__ import annotations
 
@@ -120,6 +129,11 @@ def build_parser() -> argparse.ArgumentParser:
                         "codec's statistical band (column 'ref'); the exit status is 1 if any "
                         "check failed")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.add_argument("--calibrate", default=None, metavar="FILE",
+                   help="measure auto's profile in this launch first (as 'bench calibrate'), "
+                        "write it to FILE, and let auto decide by it")
+    p.add_argument("--calibrate-mode", choices=("quick", "default", "full"), default="default",
+                   help="the ladder --calibrate measures (as 'bench calibrate --quick/--full')")
     return p
 
 
@@ -416,6 +430,11 @@ def main(argv=None) -> int:
     if unused:
         raise SystemExit(f"option(s) {', '.join(unused)} taken by none of the cases")
     sizes = sizes_from(*args.message_size, args.factor)
+    if args.calibrate:
+        packet = hpccomm.codecs.packet_codecs()
+        calibrate_here(comm, args.calibrate, args.calibrate_mode,
+                       [n for n in dict.fromkeys(split_rotate(c)[0] for c in codecs)
+                        if n in packet])
 
     date = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     meta = {"tool": f"hpccomm {hpccomm.__version__}", "mpi": mpi_library(),
@@ -427,7 +446,7 @@ def main(argv=None) -> int:
             "affinity": comm.allgather(sorted(allowed_cpus())),
             "python": platform.python_version(), "date": date,
             "seed": args.seed, "options": options, "buffer": args.buffer, "cols": args.cols, "error_feedback": args.error_feedback,
-            "cases": [f"{c}+{a}" for c, a in cases]}
+            "cases": [f"{c}+{a}" for c, a in cases], "calibrated": args.calibrate}
     if rank == 0:
         print("# hpccomm allreduce benchmark (compared with MPI_Allreduce in the same run)")
         print(f"# tool: {meta['tool']}   mpi4py {meta['mpi4py']}   numpy {meta['numpy']}   "
@@ -517,6 +536,20 @@ def main(argv=None) -> int:
                 w.writeheader()
                 w.writerows(rows)
     return 1 if wrong or off else 0
+
+
+def calibrate_here(comm, path: str, mode: str, codecs) -> None:
+    """``--calibrate``: measure the profile of ``codecs`` on a duplicate of
+    ``comm``, write it to ``path`` and point ``auto`` at it (every rank;
+    reducers made from here on read it)."""
+    from .calibrate import calibrate, write
+
+    calib = comm.Dup()
+    t0 = time.perf_counter()
+    profile = calibrate(calib, mode, codecs)
+    write(calib, profile, os.path.abspath(path), time.perf_counter() - t0)
+    calib.Free()
+    os.environ["HPCCOMM_PROFILE"] = os.path.abspath(path)
 
 
 #: a codec "pays" at a size where its fastest algorithm beats MPI_Allreduce

@@ -287,34 +287,24 @@ def build_parser():
     return p
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+def calibrate(comm, mode: str = "default", codecs=None) -> dict:
+    """Measure the profile of ``comm`` (collective; every rank returns it):
+    the ladder, repetitions and kernel sizes of ``mode`` (a key of
+    :data:`LADDERS`), the kernels of ``codecs`` (default: every packet codec)."""
     from mpi4py import MPI
 
     import hpccomm
     from hpccomm import cost_model
-    from hpccomm.collectives.auto import host_set_name, profile_location
+    from hpccomm.collectives.auto import host_set_name
     from hpccomm.communicators import ranks_on_node
 
     from .harness import node_cores
 
-    mode = "quick" if args.quick else "full" if args.full else "default"
-    comm = MPI.COMM_WORLD.Dup()
-    P, rank = comm.Get_size(), comm.Get_rank()
-    hosts = host_set_name(comm)
-    path = args.output or profile_location(comm, hosts)
-    if args.if_missing:
-        usable = rank == 0 and cost_model.load(path)[1] == path
-        if comm.bcast(usable):
-            if rank == 0:
-                print(f"# hpccomm calibrate: the profile {path} exists (delete it to measure "
-                      "again)")
-            return 0
-    t0 = time.perf_counter()
+    P = comm.Get_size()
     patterns = measure_patterns(comm, LADDERS[mode], REPS[mode])
     waits = measure_waits(comm, REPS[mode], WAIT_SIZES[mode]) if P > 1 else [[0.0, 0.0]]
     overlap = measure_overlap(comm, REPS[mode]) if P > 1 else 1.0
-    names = (args.codec.split(",") if args.codec else
+    names = (list(codecs) if codecs else
              [c for c in hpccomm.codecs.packet_codecs() if not c.startswith("test-")])
     names = names + ["none"] if "none" not in names else names   # for the overhead
     kernels = {}
@@ -348,23 +338,56 @@ def main(argv=None) -> int:
             if t is not None:   # signed: a planned call skips the codec calls' Python
                 rest = cost_model.predict(probe, codec, alg, n, P, (n,))  # the kernels hold
                 calls.setdefault(name, {})[alg] = t - rest
-    profile = {"format": cost_model.FORMAT,
-               "machine": {"hosts": hosts, "ranks": P, "mpi": MPI.Get_library_version().split("\n")[0].strip()},
-               "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
-               "patterns": patterns, "kernels": kernels, "overhead": overhead,
-               "calls": calls, "waits": waits, "overlap": overlap,
-               "oversubscription": over}
-    if rank == 0:
+    return {"format": cost_model.FORMAT,
+            "machine": {"hosts": host_set_name(comm), "ranks": P,
+                        "mpi": MPI.Get_library_version().split("\n")[0].strip()},
+            "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "mode": mode,
+            "patterns": patterns, "kernels": kernels, "overhead": overhead,
+            "calls": calls, "waits": waits, "overlap": overlap,
+            "oversubscription": over}
+
+
+def write(comm, profile: dict, path: str, seconds: float) -> None:
+    """Save ``profile`` to ``path`` (rank 0) and print what it holds
+    (collective: every rank returns once the file is there)."""
+    from hpccomm import cost_model
+
+    if comm.Get_rank() == 0:
         cost_model.save(profile, path)
-        print(f"# hpccomm calibrate ({mode}, P = {P}, {time.perf_counter() - t0:.1f} s): "
+        print(f"# hpccomm calibrate ({profile['mode']}, P = {comm.Get_size()}, {seconds:.1f} s): "
               f"wrote {path}")
-        for name, pts in patterns.items():
+        for name, pts in profile["patterns"].items():
             print(f"#   {name:<10} " + "  ".join(f"{b} B: {t * 1e6:.1f} us" for b, t in pts))
         print("#   waits after      " + "  ".join(f"{c * 1e6:.0f} us: {w * 1e6:.1f} us"
-                                                   for c, w in waits[1:]))
-        print(f"#   overlap of transfers and kernels: {overlap:.2f}")
+                                                   for c, w in profile["waits"][1:]))
+        print(f"#   overlap of transfers and kernels: {profile['overlap']:.2f}")
         print("#   overhead per call: " + "  ".join(f"{a} {t * 1e6:.1f} us"
-                                                   for a, t in overhead.items()))
+                                                   for a, t in profile["overhead"].items()),
+              flush=True)
+    comm.Barrier()
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from mpi4py import MPI
+
+    from hpccomm import cost_model
+    from hpccomm.collectives.auto import host_set_name, profile_location
+
+    mode = "quick" if args.quick else "full" if args.full else "default"
+    comm = MPI.COMM_WORLD.Dup()
+    rank = comm.Get_rank()
+    path = args.output or profile_location(comm, host_set_name(comm))
+    if args.if_missing:
+        usable = rank == 0 and cost_model.load(path)[1] == path
+        if comm.bcast(usable):
+            if rank == 0:
+                print(f"# hpccomm calibrate: the profile {path} exists (delete it to measure "
+                      "again)")
+            return 0
+    t0 = time.perf_counter()
+    profile = calibrate(comm, mode, args.codec.split(",") if args.codec else None)
+    write(comm, profile, path, time.perf_counter() - t0)
     comm.Free()
     return 0
 

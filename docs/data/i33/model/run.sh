@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The cost model against measurements: shared memory and emulated 1 and
 # 4 Gbit/s per host (root: network namespaces), P = 2, 3, 4, 4 KiB-256 MiB.
-# Each run is calibrated first, then swept with the profile it wrote, then
-# reported (prediction next to measurement, outliers with their cause).
+# Each run is calibrated and swept in one launch (bench allreduce --calibrate:
+# MPICH's shared-memory copy on this VM takes one of two speeds per launch),
+# then reported (prediction next to measurement, outliers with their cause).
 # The emulated links hold 250 us of tokens (tbf burst 32 KB at 1 Gbit/s, 128 KB
 # at 4 Gbit/s): netem's default 256 KB lets a transfer that follows 2 ms of idle
 # through at memory speed, which no NIC does and no calibration sees.
@@ -13,23 +14,19 @@ ARGS=(-m 4K:256M -f 4 --codec onebit,topk,terngrad
       --algorithm twoshot,allgather,auto --no-progress)
 export NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
 # pinned as in every launch (rank r on the (r mod 2)-th CPU): unbound, 3 ranks on 2
-# cores land differently per launch, and calibration and sweep are two launches
+# cores land differently per launch
 export HPCCOMM_BENCH_BIND=core
 nets=("$@"); [ $# -gt 0 ] || nets=(shm 1gbit 4gbit)
 for net in "${nets[@]}"; do
   for P in 2 3 4; do
     run=$net-p$P
     if [ "$net" = shm ]; then
-      timeout 600 mpiexec -n $P python -m mpi4py -m hpccomm.bench calibrate -o profile-$run.json
-      HPCCOMM_PROFILE=profile-$run.json timeout 1800 mpiexec -n $P python -m mpi4py \
-          -m hpccomm.bench allreduce "${ARGS[@]}" -J $run.json > $run.txt
+      timeout 2400 mpiexec -n $P python -m mpi4py -m hpccomm.bench allreduce "${ARGS[@]}" \
+          --calibrate profile-$run.json -J $run.json > $run.txt
     else
       burst=$([ "$net" = 1gbit ] && echo 32kb || echo 128kb)
-      timeout 900 python -m hpccomm.bench netem --ranks $P --rate $net --burst $burst \
-          --command calibrate -- \
-          -o "$PWD/profile-$run.json"
-      HPCCOMM_PROFILE="$PWD/profile-$run.json" timeout 2400 python -m hpccomm.bench netem \
-          --ranks $P --rate $net --burst $burst --timeout 2300 -- "${ARGS[@]}" \
+      timeout 3000 python -m hpccomm.bench netem --ranks $P --rate $net --burst $burst \
+          --timeout 2900 -- "${ARGS[@]}" --calibrate "$PWD/profile-$run.json" \
           -J "$PWD/$run.json" > $run.txt
     fi
     python -m hpccomm.bench report $run.json --profile profile-$run.json > $run-predicted.md
