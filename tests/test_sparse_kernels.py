@@ -465,3 +465,53 @@ def test_kth_largest_is_the_order_statistic(n):
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, desc[k - 1], err_msg=f"k={k}")
     np.testing.assert_array_equal(a, before)
+
+
+def _keep_largest_reference(idx, vals, k):
+    """The k entries of largest |vals|, ties to the lower positions, in order:
+    a stable sort by descending magnitude."""
+    order = np.argsort(-np.abs(vals).astype(np.float64), kind="stable")[:max(k, 0)]
+    keep = np.sort(order)
+    return idx[keep], vals[keep]
+
+
+@pytest.mark.parametrize("m", [1, 2, 7, 64, 1000, 65_537, 224_001])
+def test_keep_largest_against_a_stable_sort(m):
+    """Every cut of random magnitudes with many ties (equal values of both
+    signs, values that share their high 16 bits, zeros, infinities, the
+    smallest subnormal) against a stable sort; the result stays in index
+    order, and the inputs are left as they were."""
+    from hpccomm.kernels import sparsify as S
+
+    rng = np.random.default_rng(m)
+    vals = rng.standard_normal(m).astype(np.float32)
+    pick = rng.random(m)
+    vals[pick < 0.2] = np.float32(1.5) * rng.choice([-1, 1], size=int((pick < 0.2).sum()))
+    near = (pick >= 0.2) & (pick < 0.3)          # the same high 16 bits as 1.5
+    vals[near] = (np.float32(1.5).view(np.uint32) + rng.integers(1, 1 << 16, int(near.sum()),
+                                                                 dtype=np.uint32)).view(np.float32)
+    vals[(pick >= 0.3) & (pick < 0.32)] = 0.0
+    vals[(pick >= 0.32) & (pick < 0.33)] = -np.inf
+    vals[(pick >= 0.33) & (pick < 0.34)] = np.float32(1e-45)
+    idx = np.sort(rng.choice(4 * m, m, replace=False)).astype(np.int64)
+    before = (idx.copy(), vals.copy())
+    for k in sorted({0, 1, 2, m // 3, m // 2, m - 1, m, m + 1}):
+        got = S.keep_largest(idx, vals, k)
+        want = _keep_largest_reference(idx, vals, k)
+        np.testing.assert_array_equal(got[0], want[0], err_msg=f"k={k}")
+        np.testing.assert_array_equal(got[1].view(np.uint32), want[1].view(np.uint32))
+    np.testing.assert_array_equal(idx, before[0])
+    np.testing.assert_array_equal(vals, before[1])
+
+
+def test_keep_largest_with_nan_keeps_numpys_answer():
+    """A NaN among the values: the cut counts it as the largest (as
+    ``np.partition``) and no comparison keeps it -- the answer of the numpy
+    steps, which the radix cut hands the call to."""
+    from hpccomm.kernels import sparsify as S
+
+    vals = np.array([3.0, np.nan, -5.0, 1.0, 4.0, -2.0], np.float32)
+    idx = np.arange(6, dtype=np.int32) * 3
+    got_idx, got_vals = S.keep_largest(idx, vals, 3)
+    np.testing.assert_array_equal(got_idx, [6, 12])
+    np.testing.assert_array_equal(got_vals, [-5.0, 4.0])
