@@ -193,22 +193,18 @@ def _compensate_chunk(xb, eb, has_e, vb, c0, t):
     """``v = xb + eb`` (``xb`` without ``has_e``) over the :data:`CHUNK`
     elements from ``c0``, written to ``vb``; returns ``(q, mask,
     nonfinite)``: the chunk of ``vb``, the 64-bit mask of its candidates
-    ``|v| >= t and v != 0`` (formed from the chunk just written: two loops
-    that vectorize), and whether any ``v`` is NaN or infinite (``v - v !=
-    0``)."""
+    ``|v| >= t and v != 0``, and whether any ``v`` is NaN or infinite (``v -
+    v != 0``).  One loop that vectorizes: forming the mask from the chunk
+    once written, a second loop, took 1.25x as long (16M, no candidates:
+    11.6 against 9.3 ms; np.add of the same arrays 7.5 ms)."""
     q = vb[c0:c0 + CHUNK]
     xq = xb[c0:c0 + CHUNK]
-    if has_e:
-        eq = eb[c0:c0 + CHUNK]
-        for j in range(CHUNK):
-            q[j] = xq[j] + eq[j]
-    else:
-        for j in range(CHUNK):
-            q[j] = xq[j]
+    eq = eb[c0:c0 + CHUNK]
     mask = np.uint64(0)
     nonfinite = False
     for j in range(CHUNK):
-        v = q[j]
+        v = xq[j] + eq[j] if has_e else xq[j]
+        q[j] = v
         nonfinite |= (v - v) != 0
         mask |= np.uint64((abs(v) >= t) & (v != 0)) << np.uint64(j)
     return q, mask, nonfinite
