@@ -967,9 +967,10 @@ def _select_column(col, tp, tn, words, k):
     the column is written again).  Returns ``(cp, cn, sp, sn)``: the count
     and the float64 row-order sum of each side.
 
-    Chunks of :data:`CHUNK` rows through a 64-bit mask (see
-    :func:`_compact_block`); the sums add ``0.0`` for the other side, which
-    changes nothing (``tp, tn > 0``, so a sum is never ``-0.0``)."""
+    Chunks of :data:`CHUNK` rows through a 64-bit mask, a chunk's first
+    candidate taken without a branch (see :func:`_compact_block`); the sums
+    add ``0.0`` for the other side and for an empty chunk, which changes
+    nothing (``tp, tn > 0``, so a sum is never ``-0.0``)."""
     neg_bar = -tn
     lim = words.size - 1
     cp = 0
@@ -988,6 +989,19 @@ def _select_column(col, tp, tn, words, k):
             for j in range(q.size):
                 v = q[j]
                 mask |= np.uint64((v >= tp) | (v <= neg_bar)) << np.uint64(j)
+        if q.size:                      # the first candidate without a branch on the mask
+            real = np.int64(mask != 0)
+            j, mask = _lowest_bit(mask)
+            v = q[j]
+            p = np.int64(v >= tp)       # 0 for an empty mask: q[0] is no candidate
+            ng = real - p
+            words[min(k, lim)] = ((c0 + j) << 1) | p
+            k += real
+            cp += p
+            cn += ng
+            w = np.float64(v)
+            sp += w if p else 0.0
+            sn += w if ng else 0.0
         while mask:
             j, mask = _lowest_bit(mask)
             v = q[j]
