@@ -479,6 +479,37 @@ def test_report_names_the_term_that_misses_most(tmp_path):
                         f"{fmt(bare)} predicted, {fmt(2 * bare)} measured; 2 ranks per core"]
 
 
+def test_report_counts_apart_the_sizes_where_mpi_drifted(tmp_path):
+    """A size whose bare MPI_Allreduce ran 2x its calibration: its rows are
+    counted in all, not among the sizes where the machine matched its
+    profile, and its outliers say how far the bare call was off."""
+    import hpccomm
+    from hpccomm import cost_model
+    from hpccomm.bench.report import predicted
+
+    profile = copy.deepcopy(cost_model.DEFAULT)
+    path = tmp_path / "p.json"
+    cost_model.save(profile, str(path))
+    model = cost_model.CostModel(profile)
+    none = hpccomm.get_codec("none")
+    rows = []
+    for n, slow in ((1024, 1.0), (4096, 2.0)):
+        bare = sum(cost_model.predict_terms(model, None, "MPI_Allreduce", n, 4, (n,), 1).values())
+        call = sum(cost_model.predict_terms(model, none, "mpi", n, 4, (n,), 1).values())
+        rows += [{"algorithm_name": "MPI_Allreduce", "codec_name": "-", "count": n,
+                  "size": 4 * n, "time_median": bare * slow, "t_comm": bare * slow},
+                 {"algorithm_name": "mpi", "codec_name": "none", "count": n, "size": 4 * n,
+                  "time_median": call * slow, "t_comm": call * slow}]
+    text = predicted({"meta": {"ranks": 4}, "rows": rows}, str(path))
+    assert "2 of 4 predictions within 20 %" in text
+    assert ("At the 1 of 2 sizes whose bare MPI_Allreduce the profile predicts within 20 %: "
+            "2 of 2") in text
+    outliers = [line for line in text.splitlines() if line.startswith("- ")]
+    assert len(outliers) == 2 and outliers[0].startswith("- 16 KiB MPI_Allreduce: 0.50")
+    assert outliers[1].startswith("- 16 KiB none+mpi: 0.50")
+    assert outliers[1].endswith("; this size's bare MPI_Allreduce: 0.50")
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_calibrate_writes_a_profile_that_auto_reads(tmp_path, ranks):
     """``calibrate --quick`` writes a valid profile whose numbers are

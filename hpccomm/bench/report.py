@@ -176,10 +176,29 @@ def _row_case(r: dict) -> tuple:
     return alg, case
 
 
+def _bare_ratios(rows, model, P: int) -> dict:
+    """``{size: predicted / measured}`` of each size's bare ``MPI_Allreduce``
+    row: how far the machine's MPI at that point of the sweep was from the
+    calibration the predictions start from."""
+    from hpccomm import cost_model
+
+    out = {}
+    for r in rows:
+        if r["algorithm_name"] == "MPI_Allreduce" and r["time_median"] > 0:
+            n = int(r["count"])
+            terms = cost_model.predict_terms(model, None, "MPI_Allreduce", n, P, (n,), 1)
+            if terms is not None:
+                out[r["size"]] = sum(terms.values()) / r["time_median"]
+    return out
+
+
 def predicted(data: dict, profile_file: str, sizes=None) -> str:
     """Every row's measured time next to what the cost model of
     ``profile_file`` predicts for it, term by term; the share of rows within
-    20 %; then every outlier with its cause."""
+    20 %, over all rows and over the sizes whose bare ``MPI_Allreduce`` the
+    profile predicts within 20 % (where the machine's MPI ran as when it was
+    calibrated); then every outlier with its cause, and, at the other
+    sizes, how far that bare call was off."""
     import hpccomm
     from hpccomm import cost_model
 
@@ -193,7 +212,9 @@ def predicted(data: dict, profile_file: str, sizes=None) -> str:
             "predicted: Python / kernels / MPI", "measured: Python / kernels / MPI"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     within = total = 0
+    steady_within = steady_total = 0
     outliers = []
+    bare = _bare_ratios(data["rows"], model, P)
     for r in data["rows"]:
         if sizes is not None and r["size"] not in sizes:
             continue
@@ -211,6 +232,10 @@ def predicted(data: dict, profile_file: str, sizes=None) -> str:
         ratio = t / r["time_median"]
         total += 1
         within += abs(ratio - 1) <= TOLERANCE
+        drift = bare.get(r["size"])
+        if drift is not None and abs(drift - 1) <= TOLERANCE:
+            steady_total += 1
+            steady_within += abs(ratio - 1) <= TOLERANCE
         m = measured_terms(r)
         lines.append(f"| {fmt_size(r['size'])} | {case} | {fmt_time(r['time_median'])} | "
                      f"{fmt_time(t)} | {ratio:.2f} | "
@@ -225,10 +250,16 @@ def predicted(data: dict, profile_file: str, sizes=None) -> str:
             wire = int(r.get("wire_bytes", 0))
             if alg not in ("MPI_Allreduce", "mpi", "dense") and wire > ladder[-1] * (P - 1):
                 notes.append("beyond the calibrated message sizes")
+            if alg != "MPI_Allreduce" and drift is not None and abs(drift - 1) > TOLERANCE:
+                notes.append(f"this size's bare MPI_Allreduce: {drift:.2f}")
             outliers.append(f"- {fmt_size(r['size'])} {case}: {ratio:.2f}; "
                             + cause(terms, r, notes))
     lines.append("")
     lines.append(f"{within} of {total} predictions within {TOLERANCE * 100:.0f} % of the measured time")
+    if bare:
+        steady = sum(abs(d - 1) <= TOLERANCE for d in bare.values())
+        lines.append(f"At the {steady} of {len(bare)} sizes whose bare MPI_Allreduce the profile "
+                     f"predicts within {TOLERANCE * 100:.0f} %: {steady_within} of {steady_total}")
     if outliers:
         lines += ["", f"Outliers ({len(outliers)}), predicted / measured and the term that "
                       "misses most:", *outliers]
