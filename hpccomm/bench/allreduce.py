@@ -42,11 +42,10 @@ A codec that decodes to zeros agrees with its own reference but has gain 0.
 ``--calibrate FILE`` measures ``auto``'s profile in this launch before the
 sweep (what ``bench calibrate`` measures, for the sweep's codecs, in the mode
 ``--calibrate-mode`` names), writes it to ``FILE`` and lets ``auto`` decide
-by it.  A profile from another launch may
-describe another state of the MPI library: on a VM, MPICH's shared-memory
-copy runs in one of two speeds per launch, 1.3-1.8x apart
-(``docs/results/auto.md``), and a calibration and the sweep it predicts are
-then two launches.
+by it: the profile then comes from the same placement of ranks and the same
+state of the MPI library as the sweep, seconds before it.  (On a shared VM
+even that does not hold still: its shared-memory copy changes speed within a
+launch, see ``docs/results/auto.md``.)
 """
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The cost model against measurements: shared memory and emulated 1 and
 # 4 Gbit/s per host (root: network namespaces), P = 2, 3, 4, 4 KiB-256 MiB.
-# Each run is calibrated and swept in one launch (bench allreduce --calibrate:
-# MPICH's shared-memory copy on this VM takes one of two speeds per launch),
-# then reported (prediction next to measurement, outliers with their cause).
+# Each run is calibrated and swept in one launch (bench allreduce --calibrate),
+# then reported (prediction next to measurement, outliers with their cause,
+# and the count over the sizes whose bare MPI_Allreduce ran as calibrated).
 # The emulated links hold 250 us of tokens (tbf burst 32 KB at 1 Gbit/s, 128 KB
 # at 4 Gbit/s): netem's default 256 KB lets a transfer that follows 2 ms of idle
 # through at memory speed, which no NIC does and no calibration sees.
