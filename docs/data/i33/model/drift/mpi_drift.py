@@ -5,7 +5,7 @@ imported) or after the kernel measurements of a calibration (``kernels``).
 
     mpiexec -bind-to core -n 2 python docs/data/i33/model/drift/mpi_drift.py none|kernels
 """
-import os, sys, time, threading, numpy as np
+import os, sys, time, numpy as np
 from mpi4py import MPI
 world = MPI.COMM_WORLD
 def med(fn, reps=50):
