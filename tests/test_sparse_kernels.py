@@ -507,7 +507,8 @@ def test_keep_largest_against_a_stable_sort(m):
 def test_keep_largest_with_nan_keeps_numpys_answer():
     """A NaN among the values: the cut counts it as the largest (as
     ``np.partition``) and no comparison keeps it -- the answer of the numpy
-    steps, which the radix cut hands the call to."""
+    steps, which the radix cut hands the call to (a long input, where the
+    radix cut would run)."""
     from hpccomm.kernels import sparsify as S
 
     vals = np.array([3.0, np.nan, -5.0, 1.0, 4.0, -2.0], np.float32)
@@ -515,3 +516,15 @@ def test_keep_largest_with_nan_keeps_numpys_answer():
     got_idx, got_vals = S.keep_largest(idx, vals, 3)
     np.testing.assert_array_equal(got_idx, [6, 12])
     np.testing.assert_array_equal(got_vals, [-5.0, 4.0])
+    m = 2 * S.RADIX_MIN + 3
+    vals = np.random.default_rng(5).standard_normal(m).astype(np.float32)
+    vals[[7, m // 2]] = np.nan
+    idx = np.arange(m, dtype=np.int64)
+    k = m // 3
+    got_idx, got_vals = S.keep_largest(idx, vals, k)
+    mags = np.abs(vals)
+    cut = np.sort(mags)[m - k]               # np.sort puts NaN last, as partition does
+    keep = mags >= cut                       # no other value equals the cut here
+    assert keep.sum() == k - 2               # the two NaN are not kept
+    np.testing.assert_array_equal(got_idx, idx[keep])
+    np.testing.assert_array_equal(got_vals, vals[keep])

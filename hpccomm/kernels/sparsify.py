@@ -434,21 +434,25 @@ def keep_largest(idx, vals, k):
     index), ties at the cut going to the lower indices; the result stays
     sorted by index.  Returns the inputs themselves when ``k >= len``.
 
-    The cut is a radix selection over the bit patterns of ``|vals|`` (for
-    non-negative floats, ordered as the values): a histogram of their high
-    16 bits, then of the low 16 bits of those in the bin that holds the
-    ``k``-th largest (:func:`_radix_cut`), then one pass that keeps what
-    lies above the cut and the first ties (:func:`_keep_above`): three
-    passes over the ``m`` entries, where ``np.partition`` and the masks took
-    5x as long (224K candidates: 3.9 against 0.7 ms).  With a NaN among
-    ``vals``, the same numpy steps as before decide (``np.partition`` counts
-    NaN as the largest, and no comparison keeps it)."""
+    From :data:`RADIX_MIN` float32 entries on, the cut is a radix selection
+    over the bit patterns of ``|vals|`` (for non-negative floats, ordered as
+    the values): a histogram of their high 16 bits, then of the low 16 bits
+    of those in the bin that holds the ``k``-th largest (:func:`_radix_cut`),
+    then one pass that keeps what lies above the cut and the first ties
+    (:func:`_keep_above`).  Below, with a NaN among ``vals`` (``np.partition``
+    counts NaN as the largest, and no comparison keeps it) or with other
+    dtypes, numpy's partition and masks decide.  Measured, one thread
+    (``m`` entries, ``k = m / 1.33``): 4096: 42 against 77 µs for the radix
+    (zeroing and scanning its histograms); 16384: 150 against 76 µs;
+    224K (``topk`` 1 % at 16M): 2.9 against 0.64 ms."""
     m = vals.size
     if k >= m:
         return idx, vals
     if k <= 0:
         return idx[:0], vals[:0]
-    cut, ties = _radix_cut(vals, k)
+    ties = -1
+    if m >= RADIX_MIN and vals.dtype == np.float32 and vals.flags.c_contiguous:
+        cut, ties = _radix_cut(vals, k)
     if ties < 0:
         mags = np.abs(vals)
         cut = np.partition(mags, m - k)[m - k]          # the k-th largest magnitude
@@ -462,6 +466,8 @@ def keep_largest(idx, vals, k):
     return out_idx[:k], out_vals[:k]
 
 
+#: entries from which :func:`keep_largest` cuts by radix
+RADIX_MIN = 8192
 _ABS = np.uint32(0x7FFFFFFF)
 _INF = np.uint32(0x7F800000)
 _U16 = np.uint32(16)
