@@ -1000,30 +1000,28 @@ def _select_column(col, tp, tn, words, k):
                 v = q[j]
                 mask |= np.uint64((v >= tp) | (v <= neg_bar)) << np.uint64(j)
         if q.size:                      # the first candidate without a branch on the mask
-            real = np.int64(mask != 0)
-            j, mask = _lowest_bit(mask)
-            v = q[j]
-            p = np.int64(v >= tp)       # 0 for an empty mask: q[0] is no candidate
-            ng = real - p
-            words[min(k, lim)] = ((c0 + j) << 1) | p
-            k += real
-            cp += p
-            cn += ng
-            w = np.float64(v)
-            sp += w if p else 0.0
-            sn += w if ng else 0.0
+            mask, k, cp, cn, sp, sn = _take_row(q, c0, mask, np.int64(mask != 0), tp, words,
+                                                k, lim, cp, cn, sp, sn)
         while mask:
-            j, mask = _lowest_bit(mask)
-            v = q[j]
-            p = np.int64(v >= tp)
-            words[min(k, lim)] = ((c0 + j) << 1) | p
-            k += 1
-            cp += p
-            cn += 1 - p
-            w = np.float64(v)
-            sp += w if p else 0.0
-            sn += 0.0 if p else w
+            mask, k, cp, cn, sp, sn = _take_row(q, c0, mask, np.int64(1), tp, words, k, lim,
+                                                cp, cn, sp, sn)
     return cp, cn, sp, sn
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _take_row(q, c0, mask, real, tp, words, k, lim, cp, cn, sp, sn):
+    """:func:`_select_column`'s step for the row at ``mask``'s lowest bit:
+    its word to ``words[min(k, lim)]``, and ``(rest of mask, k, cp, cn, sp,
+    sn)`` advanced by it when ``real`` is 1.  With ``real`` 0 (an empty
+    mask: row 0, which is no candidate, so ``p`` is 0 too) the write is one
+    the next candidate overwrites, and the counts and sums (``+ 0.0``) stay."""
+    j, mask = _lowest_bit(mask)
+    v = q[j]
+    p = np.int64(v >= tp)
+    ng = real - p
+    words[min(k, lim)] = ((c0 + j) << 1) | p
+    w = np.float64(v)
+    return mask, k + real, cp + p, cn + ng, sp + (w if p else 0.0), sn + (w if ng else 0.0)
 
 
 @njit(cache=True, nogil=True)
