@@ -543,12 +543,13 @@ def calibrate_here(comm, path: str, mode: str, codecs) -> None:
     reducers made from here on read it)."""
     from .calibrate import calibrate, write
 
+    path = os.path.abspath(path)
     calib = comm.Dup()
     t0 = time.perf_counter()
     profile = calibrate(calib, mode, codecs)
-    write(calib, profile, os.path.abspath(path), time.perf_counter() - t0)
+    write(calib, profile, path, time.perf_counter() - t0)
     calib.Free()
-    os.environ["HPCCOMM_PROFILE"] = os.path.abspath(path)
+    os.environ["HPCCOMM_PROFILE"] = path
 
 
 #: a codec "pays" at a size where its fastest algorithm beats MPI_Allreduce

@@ -214,7 +214,8 @@ def predicted(data: dict, profile_file: str, sizes=None) -> str:
     within = total = 0
     steady_within = steady_total = 0
     outliers = []
-    bare = _bare_ratios(data["rows"], model, P)
+    bare = _bare_ratios([r for r in data["rows"] if sizes is None or r["size"] in sizes],
+                        model, P)
     for r in data["rows"]:
         if sizes is not None and r["size"] not in sizes:
             continue
