@@ -528,3 +528,157 @@ def test_keep_largest_with_nan_keeps_numpys_answer():
     assert keep.sum() == k - 2               # the two NaN are not kept
     np.testing.assert_array_equal(got_idx, idx[keep])
     np.testing.assert_array_equal(got_vals, vals[keep])
+
+
+def _special_floats(rng, n):
+    """float32 with the values comparisons trip on: +-0, +-inf, NaN of both
+    signs, the smallest subnormal of both signs, and exact copies of the
+    bounds the tests compare against (0.5 and -0.75)."""
+    a = rng.standard_normal(n).astype(np.float32)
+    pick = rng.random(n)
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, 1e-45, -1e-45, 0.5, -0.75],
+                        np.float32)
+    a[pick < 0.3] = rng.choice(specials, int((pick < 0.3).sum()))
+    bits = a.view(np.uint32)
+    bits[(pick >= 0.3) & (pick < 0.33)] = 0x7FC00000              # NaN
+    bits[(pick >= 0.33) & (pick < 0.36)] = 0xFFC00000             # NaN, sign bit set
+    return a
+
+
+def _bits_of(flags):
+    """The uint64 whose bit j is flags[j] (64 of them)."""
+    return int(np.packbits(flags[::-1].astype(np.uint8)).view(">u8")[0])
+
+
+@pytest.mark.parametrize("bounds", [(-0.75, 0.5), (0.0, 0.0), (-np.inf, 0.5), (-0.75, np.inf),
+                                    (-1e-45, 1e-45), (np.nan, 0.5)])
+def test_outside_masks_against_numpy(bounds):
+    """Bit j of ``outside_closed`` / ``outside_open`` of 64 elements from any
+    (unaligned) start against numpy's comparisons, over +-0, infinities, NaN
+    of both signs, subnormals and values equal to a bound."""
+    from numba import njit
+
+    from hpccomm.kernels.masks import outside_closed, outside_open
+
+    @njit(cache=False)
+    def masks(a, lo, hi):
+        out = np.empty((a.size - 63, 2), np.uint64)
+        for s in range(a.size - 63):
+            out[s, 0] = outside_closed(a, s, lo, hi)
+            out[s, 1] = outside_open(a, s, lo, hi)
+        return out
+
+    a = _special_floats(np.random.default_rng(3), 64 + 70)
+    lo, hi = np.float32(bounds[0]), np.float32(bounds[1])
+    got = masks(a, lo, hi)
+    for s in range(a.size - 63):
+        q = a[s:s + 64]
+        assert int(got[s, 0]) == _bits_of((q >= hi) | (q <= lo)), s
+        assert int(got[s, 1]) == _bits_of((q > hi) | (q < lo)), s
+
+
+def test_lowest_set_bit_and_the_chunk_extremes():
+    """``lowest_set_bit`` of random words (every bit position, the top one
+    included) against Python; ``largest64`` / ``most_negative64`` are the
+    largest / most negative of a chunk that holds a positive / negative value
+    and no NaN of that sign, and some value of the other sign or zero when it
+    holds none."""
+    from numba import njit
+
+    from hpccomm.kernels.masks import largest64, lowest_set_bit, most_negative64
+
+    @njit(cache=False)
+    def lowest(words):
+        out = np.empty(words.size, np.int64)
+        for i in range(words.size):
+            out[i] = lowest_set_bit(words[i])
+        return out
+
+    @njit(cache=False)
+    def extremes(a):
+        out = np.empty((a.size - 63, 2), np.float32)
+        for s in range(a.size - 63):
+            out[s, 0] = largest64(a, s)
+            out[s, 1] = most_negative64(a, s)
+        return out
+
+    rng = np.random.default_rng(4)
+    words = rng.integers(1, 1 << 63, 500, dtype=np.uint64) << rng.integers(0, 64, 500).astype(
+        np.uint64)
+    words = np.concatenate([words[words != 0], np.uint64(1) << np.arange(64, dtype=np.uint64)])
+    want = [(int(w) & -int(w)).bit_length() - 1 for w in words]
+    np.testing.assert_array_equal(lowest(words), want)
+
+    a = _special_floats(rng, 64 + 400)
+    bits = a.view(np.uint32)
+    for s in range(0, 400, 5):                       # chunks without NaN
+        bits[s + 7:s + 64][np.isnan(a[s + 7:s + 64])] = 0x3F000000          # 0.5
+    a[300:364] = -np.abs(a[300:364])                 # a chunk with no positive value
+    a[320] = -0.0
+    a[380:444] = np.abs(a[380:444])                  # a chunk with no negative value
+    got = extremes(a)
+    for s in range(a.size - 63):
+        q = a[s:s + 64]
+        pos_nan = np.any(np.isnan(q) & ~np.signbit(q))
+        neg_nan = np.any(np.isnan(q) & np.signbit(q))
+        if np.any(q > 0) and not pos_nan:
+            assert got[s, 0] == q[q > 0].max(), s
+        elif not pos_nan:
+            assert not got[s, 0] > 0, s
+        if np.any(q < 0) and not neg_nan:
+            assert got[s, 1] == q[q < 0].min(), s
+        elif not neg_nan:
+            assert not got[s, 1] < 0, s
+
+
+def _thresholds_reference(sample, pi):
+    """``(tau_pos, tau_neg)`` by sorting: the ``max(1, c // pi)``-th largest of
+    the ``c`` positive values (of the negated negative values), inf for none."""
+    out = []
+    for sign in (1, -1):
+        v = sample * np.float32(sign)
+        top = np.sort(v[v > 0])[::-1]
+        out.append(np.float32(np.inf) if top.size == 0 else top[max(1, top.size // pi) - 1])
+    return tuple(out)
+
+
+KINDS = ["normal", "ties", "plateau", "one_sign", "one_chunk", "tiny", "zeros", "nan"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_sample_thresholds_against_a_sort(kind):
+    """The adaptive thresholds of samples of every length from 1 to 700 (a
+    shorter last chunk, 0 to 10 full ones) and proportions that make ``k``
+    1, a few, more than the chunks and more than ``SMALL_K`` -- on data with
+    ties at the answer (the starting bar is the answer's value), a plateau,
+    one sign only, the positive values all in the first chunk (the other
+    chunks' maxima are negative), subnormals, mostly zeros and NaN of both
+    signs (which no comparison selects: the thresholds are those of the
+    other values) -- against a sort."""
+    from hpccomm.kernels import sparsify as S
+
+    rng = np.random.default_rng(KINDS.index(kind))
+    for size in list(range(1, 140)) + list(range(140, 701, 29)):
+        x = rng.standard_normal(size).astype(np.float32)
+        if kind == "ties":
+            x = np.round(x * 2).astype(np.float32)
+        elif kind == "plateau":
+            x = np.where(np.abs(x) < 1.6, np.sign(x), x).astype(np.float32)
+        elif kind == "one_sign":
+            x = np.abs(x)
+        elif kind == "one_chunk":
+            x = -np.abs(x)
+            x[:64] = np.abs(x[:64])
+        elif kind == "tiny":
+            x = (np.sign(x) * rng.integers(1, 4, size)).astype(np.float32) * np.float32(1e-45)
+        elif kind == "zeros":
+            x[rng.random(size) < 0.9] = 0.0
+        else:
+            x.view(np.uint32)[rng.random(size) < 0.05] = 0x7FC00000
+            x.view(np.uint32)[rng.random(size) < 0.05] = 0xFFC00000
+        pos = np.empty(size + 1, np.float32)
+        neg = np.empty(size + 1, np.float32)
+        for pi in (1, 2, 7, 64, 1000):
+            got = S._sample_thresholds(x, pi, pos, neg)
+            want = _thresholds_reference(x, pi)
+            assert got == want, (size, pi)
