@@ -3,7 +3,12 @@ run under ``mpiexec ... pytest --with-mpi``; tests also marked ``wide`` run at
 6, 7 and 8 ranks as well.  See tests/run.py.  Under numba's CUDA simulator
 (``NUMBA_ENABLE_CUDASIM=1``) the harness of ``tests/cudasim.py`` is
 installed first, so that the simulator binds kernels, exposes arrays and
-takes streams as a GPU does."""
+takes streams as a GPU does.
+
+With ``HPCCOMM_TEST_MARKERS=PATH`` (tests/run.py's ``--collect-only`` pass),
+the names of the markers of each test file's tests are written to PATH as
+JSON, so that each MPI run collects only the files it needs."""
+import json
 import os
 
 
@@ -22,3 +27,14 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "cudasim: MPI test of the device path, run under numba's "
                             "CUDA simulator (NUMBA_ENABLE_CUDASIM=1) at 1 and 3 ranks (and at 5 "
                             "when also marked wide)")
+
+
+def pytest_collection_finish(session):
+    path = os.environ.get("HPCCOMM_TEST_MARKERS")
+    if not path:
+        return
+    marks = {}
+    for item in session.items:
+        marks.setdefault(item.location[0], set()).update(m.name for m in item.iter_markers())
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({name: sorted(names) for name, names in sorted(marks.items())}, f, indent=0)

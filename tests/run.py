@@ -6,7 +6,10 @@ K = 1, 2, 3, 5 (and the tests marked ``wide``, the sparse algorithms, at 4, 6
 and 8 ranks too; the tests
 marked ``cudasim`` at 1 and 3 ranks under numba's CUDA simulator, and those
 also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond
-2 GiB) once, at 2 ranks.
+2 GiB) once, at 2 ranks.  Each rank of an MPI run collects only the test
+files that hold tests with its run's markers (found by one ``--collect-only``
+pass first): collecting every file took ~7 s per rank, and the runs start
+about 40 ranks in all.
 
     python tests/run.py [--ranks 1,2,3,5] [--wide-ranks 4,6,8] [--slow-ranks 2]
                         [--workers auto] [--timeout 900] [-- pytest args]
@@ -17,6 +20,7 @@ mpiexec tears the job down).  Ranks other than 0 log to build/test-logs/, which
 are printed when a run fails.  The last line sums up all runs.
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -73,6 +77,33 @@ def run(label, cmd, timeout, env):
     return rc, counts
 
 
+def files_by_marker(base_cmd, env):
+    """``{test file: set of marker names of its tests}`` from one
+    ``--collect-only`` pass (:func:`pytest_collection_finish` in
+    tests/conftest.py), or None when it fails (each run then collects the
+    whole directory, and shows the error)."""
+    path = os.path.join(ROOT, "build", "test-markers.json")
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    if os.path.exists(path):
+        os.remove(path)
+    proc = subprocess.run(base_cmd + ["--collect-only"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, env={**env, "HPCCOMM_TEST_MARKERS": path})
+    if proc.returncode != 0 or not os.path.exists(path):
+        print("### collect-only failed: every run collects all of tests/", flush=True)
+        return None
+    with open(path, encoding="utf-8") as f:
+        return {name: set(marks) for name, marks in json.load(f).items()}
+
+
+def paths_for(files, *markers):
+    """The test files whose tests carry, between them, every one of
+    ``markers`` -- a superset of what the run's ``-m`` expression selects,
+    which still decides -- or ``["tests"]`` without the collect-only pass."""
+    if files is None:
+        return ["tests"]
+    return sorted(name for name, marks in files.items() if all(m in marks for m in markers))
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ranks", default=os.environ.get("HPCCOMM_TEST_RANKS", "1,2,3,5"),
@@ -107,8 +138,10 @@ def main():
     env["HPCCOMM_TEST_LOGDIR"] = LOGDIR
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     shutil.rmtree(LOGDIR, ignore_errors=True)
-    base = [sys.executable, "-m", "pytest", "tests", "-p", "no:cacheprovider", "--color=no",
-            "-q", f"--timeout={args.test_timeout}", "--timeout-method=thread", *args.pytest_args]
+    opts = ["-p", "no:cacheprovider", "--color=no", "-q", f"--timeout={args.test_timeout}",
+            "--timeout-method=thread", *args.pytest_args]
+    pytest = [sys.executable, "-m", "pytest"]
+    base = pytest + ["tests"] + opts
     total, results = {}, []
     if not args.no_plain:
         workers = [] if args.workers in ("0", "") else ["-n", args.workers, "--dist", "worksteal"]
@@ -116,28 +149,34 @@ def main():
                                         args.timeout, env))
         results.append(("alone",) + run("alone", base + ["-m", "not mpi and alone"], args.timeout,
                                         env))
-    for k in [int(v) for v in args.ranks.split(",") if v.strip()]:
-        label = f"mpi-n{k}"
+    mpi_runs = any(v.strip() for v in (args.ranks + args.cudasim_ranks + args.wide_ranks
+                                        + args.slow_ranks).split(","))
+    files = files_by_marker(pytest + ["tests", "-p", "no:cacheprovider", "-q",
+                                      *args.pytest_args], env) if mpi_runs else None
+
+    def ranked(label, k, env, markers, expr):
+        """Run ``-m expr`` under mpiexec -n k, each rank's pytest on the files
+        of ``markers`` (none: nothing to run)."""
+        paths = paths_for(files, *markers)
+        if not paths:
+            print(f"\n### {label}: no test file has {' and '.join(markers)} tests", flush=True)
+            return label, 0, {}
         cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
-               *base, "-m", "mpi and not slow and not cudasim", "--with-mpi"]
-        results.append((label,) + run(label, cmd, args.timeout, env))
+               *pytest, *paths, *opts, "-m", expr, "--with-mpi"]
+        return (label,) + run(label, cmd, args.timeout, env)
+
+    for k in [int(v) for v in args.ranks.split(",") if v.strip()]:
+        results.append(ranked(f"mpi-n{k}", k, env, ["mpi"], "mpi and not slow and not cudasim"))
     for k in [int(v) for v in args.cudasim_ranks.split(",") if v.strip()]:
         label = f"cudasim-n{k}"
         wide = " and wide" if k > 4 else ""      # beyond 4 ranks only what needs them
-        cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
-               *base, "-m", f"mpi and cudasim{wide} and not slow", "--with-mpi"]
-        results.append((label,) + run(label, cmd, args.timeout,
-                                      {**env, "NUMBA_ENABLE_CUDASIM": "1"}))
+        results.append(ranked(label, k, {**env, "NUMBA_ENABLE_CUDASIM": "1"},
+                              ["mpi", "cudasim"] + (["wide"] if wide else []),
+                              f"mpi and cudasim{wide} and not slow"))
     for k in [int(v) for v in args.wide_ranks.split(",") if v.strip()]:
-        label = f"wide-n{k}"
-        cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
-               *base, "-m", "mpi and wide and not slow", "--with-mpi"]
-        results.append((label,) + run(label, cmd, args.timeout, env))
+        results.append(ranked(f"wide-n{k}", k, env, ["mpi", "wide"], "mpi and wide and not slow"))
     for k in [int(v) for v in args.slow_ranks.split(",") if v.strip()]:
-        label = f"slow-n{k}"
-        cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
-               *base, "-m", "mpi and slow", "--with-mpi"]
-        results.append((label,) + run(label, cmd, args.timeout, env))
+        results.append(ranked(f"slow-n{k}", k, env, ["mpi", "slow"], "mpi and slow"))
     print("\n### summary")
     failed_runs = []
     for label, rc, counts in results:
