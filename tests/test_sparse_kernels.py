@@ -557,6 +557,7 @@ def test_outside_masks_against_numpy(bounds):
     (unaligned) start against numpy's comparisons, over +-0, infinities, NaN
     of both signs, subnormals and values equal to a bound."""
     from numba import njit
+    from numba.core.errors import TypingError
 
     from hpccomm.kernels.masks import outside_closed, outside_open
 
@@ -575,6 +576,8 @@ def test_outside_masks_against_numpy(bounds):
         q = a[s:s + 64]
         assert int(got[s, 0]) == _bits_of((q >= hi) | (q <= lo)), s
         assert int(got[s, 1]) == _bits_of((q > hi) | (q < lo)), s
+    with pytest.raises(TypingError):          # a strided array is never read as contiguous
+        masks(np.repeat(a, 2)[::2], lo, hi)
 
 
 def test_lowest_set_bit_and_the_chunk_extremes():

@@ -43,17 +43,12 @@ def _outside(strict: bool):
     upper, lower = (">", "<") if strict else (">=", "<=")
 
     def typer(typingctx, arr, start, lo, hi):
-        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
-                and arr.dtype == types.float32 and isinstance(start, types.Integer)
-                and lo == types.float32 and hi == types.float32):
+        if not (_chunk_source(arr, start) and lo == types.float32 and hi == types.float32):
             return None
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
-                                           wraparound=False)
             vec = ir.VectorType(ir.FloatType(), WIDTH)
-            values = builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
+            values = _load(context, builder, sig, args, vec)
             above = builder.fcmp_ordered(upper, values, _splat(builder, args[3], vec))
             below = builder.fcmp_ordered(lower, values, _splat(builder, args[2], vec))
             return builder.bitcast(builder.or_(above, below), ir.IntType(WIDTH))
@@ -62,6 +57,22 @@ def _outside(strict: bool):
 
     typer.__name__ = "outside_open" if strict else "outside_closed"
     return intrinsic(typer)
+
+
+def _chunk_source(arr, start) -> bool:
+    """Whether numba types ``(arr, start)`` are a C-contiguous 1-D float32
+    array and an integer, the only operands the intrinsics read from."""
+    return (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
+            and arr.dtype == types.float32 and isinstance(start, types.Integer))
+
+
+def _load(context, builder, sig, args, vec):
+    """The 64 elements from ``arr[start]`` (``args[:2]``) as one vector of
+    type ``vec`` (4-byte aligned)."""
+    ary = context.make_array(sig.args[0])(context, builder, args[0])
+    ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
+                                   wraparound=False)
+    return builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
 
 
 def _splat(builder, scalar, vec):
@@ -95,24 +106,19 @@ def lowest_set_bit(typingctx, mask):
     return types.int64(mask), codegen
 
 
-
 def _extreme(reduction: str):
     """An intrinsic ``(arr, start) -> float32``: the element among the 64
     float32 from ``arr[start]`` whose bits are the largest as int32
     (``smax``) or uint32 (``umax``), by ``llvm.vector.reduce``."""
 
     def typer(typingctx, arr, start):
-        if not (isinstance(arr, types.Array) and arr.ndim == 1 and arr.layout == "C"
-                and arr.dtype == types.float32 and isinstance(start, types.Integer)):
+        if not _chunk_source(arr, start):
             return None
 
         def codegen(context, builder, sig, args):
-            ary = context.make_array(sig.args[0])(context, builder, args[0])
-            ptr = cgutils.get_item_pointer(context, builder, sig.args[0], ary, [args[1]],
-                                           wraparound=False)
             i32 = ir.IntType(32)
             vec = ir.VectorType(i32, WIDTH)
-            bits = builder.load(builder.bitcast(ptr, vec.as_pointer()), align=4)
+            bits = _load(context, builder, sig, args, vec)
             fn = cgutils.get_or_insert_function(
                 builder.module, ir.FunctionType(i32, [vec]),
                 f"llvm.vector.reduce.{reduction}.v{WIDTH}i32")
@@ -126,10 +132,11 @@ def _extreme(reduction: str):
 
 #: ``largest64(arr, start)``: of the 64 float32 from ``arr[start]``, the
 #: largest when one is positive (positive floats order as their int32 bits; a
-#: positive NaN beats them all), else some value ``<= 0``
+#: positive NaN beats them all), else a value that is not ``> 0`` (zero, a
+#: negative value or a negative NaN)
 largest64 = _extreme("smax")
 #: ``most_negative64(arr, start)``: of the 64 float32 from ``arr[start]``, the
 #: most negative when one is negative (a negative float's uint32 bits beat
 #: every positive's and grow with its magnitude; a negative NaN beats them
-#: all), else some value ``>= 0``
+#: all), else a value that is not ``< 0``
 most_negative64 = _extreme("umax")
