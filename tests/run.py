@@ -151,8 +151,7 @@ def main():
                                         env))
     mpi_runs = any(v.strip() for v in (args.ranks + args.cudasim_ranks + args.wide_ranks
                                         + args.slow_ranks).split(","))
-    files = files_by_marker(pytest + ["tests", "-p", "no:cacheprovider", "-q",
-                                      *args.pytest_args], env) if mpi_runs else None
+    files = files_by_marker(base, env) if mpi_runs else None
 
     def ranked(label, k, env, markers, expr):
         """Run ``-m expr`` under mpiexec -n k, each rank's pytest on the files
