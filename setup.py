@@ -15,6 +15,10 @@ def read_version():
 with open(os.path.join(HERE, "README.md"), encoding="utf-8") as f:
     long_description = f.read()
 
+# numba-cuda (0.30.4, in maintenance) cannot compile a kernel with numpy 2.5, which removed
+# np.row_stack (NVIDIA/numba-cuda#907); hpccomm.kernels.cuda_util refuses the pair at import
+NUMPY_FOR_NUMBA_CUDA = "numpy<2.5"
+
 TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
         # the tests that need no MPI run on every core (tests/run.py)
         "pytest-xdist>=3",
@@ -27,9 +31,9 @@ TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
         # NVIDIA's numba.cuda (numba's own is deprecated), the one the gpu extra installs:
         # the device-path tests run on its simulator, and tests/test_cuda_compile.py
         # compiles every kernel to PTX with its compiler ([cu13]: NVVM and NVRTC from PyPI)
-        "numba-cuda[cu13]>=0.30"]
+        "numba-cuda[cu13]>=0.30", NUMPY_FOR_NUMBA_CUDA]
 
-GPU_CUDA12 = ["cupy-cuda12x", "numba-cuda[cu12]>=0.30"]
+GPU_CUDA12 = ["cupy-cuda12x", "numba-cuda[cu12]>=0.30", NUMPY_FOR_NUMBA_CUDA]
 
 setup(
     name="hpccomm",
@@ -52,7 +56,7 @@ setup(
         # "CUDA Version"); both bring CuPy and numba-cuda built for it.  "gpu" is
         # gpu-cuda12, the older name.
         "gpu-cuda12": GPU_CUDA12,
-        "gpu-cuda13": ["cupy-cuda13x", "numba-cuda[cu13]>=0.30"],
+        "gpu-cuda13": ["cupy-cuda13x", "numba-cuda[cu13]>=0.30", NUMPY_FOR_NUMBA_CUDA],
         "gpu": GPU_CUDA12,
         "torch": ["torch"],
         "plot": ["matplotlib"],

@@ -8,15 +8,21 @@
 * the launch helpers refuse a bound method, naming the fix;
 * the harness itself: its picture of numba's ``DeviceNDArray`` is the real
   class's, and a kernel stored as a plain class attribute fails under it
-  the way it fails on a GPU.
+  the way it fails on a GPU;
+* a numpy that numba-cuda cannot compile kernels with (numpy 2.5 removed
+  ``np.row_stack``; the simulator compiles nothing, so only a GPU showed
+  it) is refused when the kernels are imported, with the fix in the message.
 
 No GPU is needed: numba creates dispatchers without compiling them.
 """
 import functools
 import importlib
 import inspect
+import os
 import pkgutil
 import re
+import subprocess
+import sys
 
 import pytest
 from numba import cuda
@@ -113,6 +119,33 @@ def test_launch_helpers_refuse_a_bound_method():
         with pytest.raises(TypeError, match=r"kernel 'kernel' was read from an instance of "
                                             r"Holder.*staticmethod"):
             call()
+
+
+def test_a_numpy_without_row_stack_is_refused_at_import():
+    """numba-cuda 0.30.4 compiles no kernel with numpy 2.5, which removed
+    ``np.row_stack`` (every kernel of an H200 run failed so).  Here numpy
+    loses ``row_stack`` before hpccomm's kernels are imported, in a fresh
+    interpreter without the simulator: the import raises ImportError naming
+    the fix; without the probe it would import, and fail at the first
+    kernel."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = {k: v for k, v in os.environ.items() if k != "NUMBA_ENABLE_CUDASIM"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    script = ("import numpy as np\n"
+              "if hasattr(np, 'row_stack'):\n"
+              "    del np.row_stack\n"
+              "try:\n"
+              "    import hpccomm.kernels.cuda_util\n"
+              "except ImportError as exc:\n"
+              "    print('ImportError:', exc)\n"
+              "else:\n"
+              "    print('imported')\n")
+    done = subprocess.run([sys.executable, "-c", script], env=env, cwd=root,
+                          capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("ImportError: hpccomm's GPU kernels cannot compile"), \
+        done.stdout + done.stderr[-2000:]
+    assert "numpy<2.5" in done.stdout and "numba-cuda#907" in done.stdout
 
 
 def test_device_array_api_is_numbas():

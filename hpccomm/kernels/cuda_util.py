@@ -34,11 +34,37 @@ Device functions for the kernels:
 rejects fused or unrounded float products and flush-to-zero.
 """
 import contextlib
+import importlib
 import threading
 import types
 
 import numpy as np
 from numba import config, cuda
+
+
+def _check_numpy_for_numba_cuda():
+    """Refuse, at import, a numpy that numba-cuda cannot compile kernels with.
+
+    numba-cuda up to 0.30.4 (in maintenance: NVIDIA/numba-cuda#907) registers
+    an overload of ``np.row_stack``, which numpy 2.5 removed, when it loads its
+    array registries: on the first kernel compile or cache load, deep inside
+    numba, as an ``AttributeError``.  A GPU image that pairs the two fails every
+    kernel this way; the ``gpu-cuda12`` / ``gpu-cuda13`` extras pin
+    ``numpy<2.5``.  The probe costs nothing where ``np.row_stack`` exists, and
+    the simulator compiles nothing."""
+    if config.ENABLE_CUDASIM or hasattr(np, "row_stack"):
+        return
+    try:
+        importlib.import_module("numba.cuda.np.arrayobj")    # where the overload is
+    except AttributeError as exc:
+        raise ImportError(
+            f"hpccomm's GPU kernels cannot compile: this numba-cuda fails with numpy "
+            f"{np.__version__} ({exc}; NVIDIA/numba-cuda#907). Install numpy<2.5 "
+            f"(the hpccomm[gpu-cuda12] and [gpu-cuda13] extras pin it), or a numba-cuda "
+            f"that supports numpy {np.__version__}") from exc
+
+
+_check_numpy_for_numba_cuda()
 
 #: threads per block of the kernels here (the simulator runs one Python thread per CUDA thread)
 THREADS = 32 if config.ENABLE_CUDASIM else 256
