@@ -34,7 +34,10 @@ same keys in the same order.  ``reducer()`` (or ``reducer.finish()``) then waits
 for them; a bucket with a parameter that got no gradient (and every bucket
 after it in that order) starts only there, with zeros for it.  The
 results are bit-identical to ``overlap=False``.  One backward per step: call
-``reducer()`` before the next backward.
+``reducer()`` before the next backward.  A started bucket is reduced in place,
+so between backward and ``reducer()`` its ``.grad`` tensors are in flux: read
+or change them only after ``reducer()`` returns (or copy them in a
+post-accumulate-grad hook registered before the reducer's).
 
 ``staleness=s`` (bounded staleness, :mod:`hpccomm.buckets`) keeps ``s + 1``
 sets of buckets: ``reducer()`` starts this step's buckets (or, with overlap,

@@ -211,7 +211,13 @@ def test_start_wait_with_buckets(sim_backend, kind):
 
 def test_grad_reducer_overlap_on_cuda():
     """PyTorch on the GPU: GradReducer with overlap (buckets started from the
-    backward hooks) gives the bits of the same gradients reduced on the host."""
+    backward hooks) gives the bits of the same gradients reduced on the host.
+
+    With overlap a bucket is reduced in place as soon as its gradients are
+    final, so ``.grad`` is in flux from then until ``reducer()`` returns: the
+    gradients are copied, on the GPU, by post-accumulate-grad hooks registered
+    before the reducer's own, which run first for each parameter -- before
+    its bucket can start."""
     torch = pytest.importorskip("torch")
     if "torch" not in KINDS:
         pytest.skip("torch has no CUDA")
@@ -224,20 +230,25 @@ def test_grad_reducer_overlap_on_cuda():
                                    torch.nn.Linear(512, 10))
 
     model, twin = make().cuda(), make()
+    local = {}
+    for name, p in model.named_parameters():
+        p.register_post_accumulate_grad_hook(
+            lambda p, name=name: local.__setitem__(name, p.grad.detach().clone()))
     opts = dict(codec="onebit", algorithm="twoshot", min_compress=1024, bucket_bytes=1 << 20)
     on_gpu = GradReducer(model, overlap=True, **opts)
     on_host = GradReducer(twin, **opts)
     x = torch.randn(64, 512, device="cuda")
-    for _ in range(2):
+    for step in range(2):
         model.zero_grad(set_to_none=False)
+        local.clear()
         model(x).square().mean().backward()
-        grads = [p.grad.detach().cpu().clone() for p in model.parameters()]
+        assert on_gpu.started == len(on_gpu.buckets), step    # all started during backward
         on_gpu()
-        for p, g in zip(twin.parameters(), grads):
-            p.grad = g
+        for (name, p), q in zip(model.named_parameters(), twin.parameters()):
+            q.grad = local[name].cpu()
         on_host()
         for p, q in zip(model.parameters(), twin.parameters()):
-            assert _same(p.grad.cpu().numpy(), q.grad.numpy())
+            assert _same(p.grad.cpu().numpy(), q.grad.numpy()), step
 
 
 @pytest.mark.parametrize("kind", KINDS)
