@@ -42,7 +42,10 @@ a lock around every call of a device function, and with Python's default
 5 ms thread switch interval the threads of a block that wait for it queue
 behind the block manager's polling loop (a kernel of eight threads ran 60
 times slower than with the lock-free simulator of numba's own numba.cuda);
-threads switch every 10 µs here.
+threads switch every 10 µs here.  And a block's ``syncthreads()`` is a
+barrier on a condition (:class:`_Barrier`) that the block's runner waits for
+by joining its threads, where numba-cuda's runner polls every thread in a
+loop that takes its turn at the interpreter with them.
 """
 import contextlib
 import functools
@@ -50,6 +53,7 @@ import os
 import runpy
 import subprocess
 import sys
+import threading
 import types
 
 import numpy as np
@@ -188,6 +192,145 @@ def install() -> None:
         return self._allocations.setdefault(caller, np.empty(shape, dtype))
 
     kernelapi.FakeCUDAShared.array = shared_array
+    K.BlockManager.run = _block_runner(K)
+
+
+class _Barrier:
+    """``syncthreads()`` of one simulated block, as numba-cuda's block runner
+    has it: it releases when every thread still running waits at it (a
+    thread that has returned is not waited for), and a thread that raised
+    aborts the others (their ``syncthreads()`` raises, as there)."""
+
+    def __init__(self, threads):
+        self.threads = threads
+        self.cond = threading.Condition()
+        self.live = len(threads)
+        self.waiting = 0
+        self.generation = 0
+        self.failed = None                  # the first thread that raised
+
+    def _release(self):
+        self.waiting = 0
+        self.generation += 1
+        self.cond.notify_all()
+
+    def wait(self):
+        with self.cond:
+            generation = self.generation
+            self.waiting += 1
+            if self.waiting == self.live:
+                self._release()
+                return
+            while self.generation == generation and self.failed is None:
+                self.cond.wait()
+
+    def leave(self, thread):
+        with self.cond:
+            self.live -= 1
+            if thread.exception is not None:
+                if self.failed is None:
+                    self.failed = thread
+                    for t in self.threads:
+                        t.abort = True
+                    self.cond.notify_all()
+            elif self.waiting and self.waiting == self.live:
+                self._release()
+
+
+#: what makes the threads of a block wait for each other
+_BARRIERS = frozenset(["syncthreads", "syncthreads_count", "syncthreads_and", "syncthreads_or",
+                       "syncwarp", "this_grid", "sync"])
+
+
+def _waits_for_its_block(K, fn, seen) -> bool:
+    """Whether kernel or device function ``fn`` may call a barrier: its
+    code, its nested code, and the device functions it reaches by a global
+    name or an attribute of a module it names (conservative: any name match)."""
+    codes, names = [fn.__code__], set()
+    while codes:
+        code = codes.pop()
+        names.update(code.co_names)
+        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
+    if names & _BARRIERS:
+        return True
+    for name in names:
+        value = fn.__globals__.get(name)
+        found = [value] if not isinstance(value, types.ModuleType) else \
+            [getattr(value, other, None) for other in names]
+        for obj in found:
+            inner = getattr(obj, "fn", None) if isinstance(obj, K.FakeCUDAKernel) else None
+            if inner is not None and inner not in seen:
+                seen.add(inner)
+                if _waits_for_its_block(K, inner, seen):
+                    return True
+    return False
+
+
+def _block_runner(K):
+    """numba-cuda's ``BlockManager.run`` (``K``: ``numba.cuda.simulator.kernel``)
+    with :class:`_Barrier` for its polling loop, and a block of a kernel
+    that calls no barrier (:func:`_waits_for_its_block`) run thread after
+    thread on one Python thread: a schedule a GPU may run too, without a
+    Python thread started per CUDA thread (its start is most of the cost)."""
+    barrier_free = {}
+
+    class BlockThread(K.BlockThread):
+        def run(self):
+            try:
+                super().run()               # the simulator's: keeps an exception in .exception
+            finally:
+                self._manager.barrier.leave(self)
+
+        def syncthreads(self):
+            if self.abort:
+                raise RuntimeError("abort flag set on syncthreads call")
+            self._manager.barrier.wait()
+            if self.abort:
+                raise RuntimeError("abort flag set on syncthreads clear")
+
+    class SerialBlock(K.BlockThread):
+        """Every CUDA thread of one block, in order, as this Python thread."""
+
+        def run(self):
+            bx, by, _ = self._manager._block_dim
+            for point in np.ndindex(*self._manager._block_dim):
+                self.threadIdx = K.Dim3(*point)
+                self.thread_id = point[0] + bx * (point[1] + by * point[2])
+                try:
+                    self._target()
+                except Exception as e:      # the simulator's message
+                    where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
+                    self.exception = (type(e)(f"{where}: {e}" if str(e) else where),
+                                      sys.exc_info()[2])
+                    return
+
+        def syncthreads(self):
+            raise RuntimeError("the harness ran this block thread after thread, finding no "
+                               "barrier in its kernel, yet it called one: extend _BARRIERS")
+
+    def run(self, grid_point, *args):
+        serial = barrier_free.get(self._f)
+        if serial is None:
+            serial = barrier_free[self._f] = not _waits_for_its_block(K, self._f, {self._f})
+        if serial:
+            block = SerialBlock(lambda: self._f(*args), self, grid_point, (0, 0, 0), self._debug)
+            block.start()
+            block.join()
+            if block.exception:
+                raise block.exception[0].with_traceback(block.exception[1])
+            return
+        threads = [BlockThread(lambda: self._f(*args), self, grid_point, point, self._debug)
+                   for point in np.ndindex(*self._block_dim)]
+        self.barrier = _Barrier(threads)
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        failed = self.barrier.failed or next((t for t in threads if t.exception), None)
+        if failed is not None:
+            raise failed.exception[0].with_traceback(failed.exception[1])
+
+    return run
 
 
 def simulator_missing() -> str:

@@ -9,6 +9,10 @@
 * the harness itself: its picture of numba's ``DeviceNDArray`` is the real
   class's, and a kernel stored as a plain class attribute fails under it
   the way it fails on a GPU;
+* the harness's block runner: a kernel that calls no barrier runs its
+  blocks thread after thread, one that does (through a device function
+  too) a Python thread per CUDA thread; both give the GPU's answers, and a
+  thread that raises is named;
 * a numpy that numba-cuda cannot compile kernels with (numpy 2.5 removed
   ``np.row_stack``; the simulator compiles nothing, so only a GPU showed
   it) is refused when the kernels are imported, with the fix in the message.
@@ -191,3 +195,74 @@ def check_harness_binds_and_restricts():
 
 def test_harness_binds_and_restricts():
     _run("check_harness_binds_and_restricts")
+
+
+@cuda.jit
+def thread_ids(out):
+    """No barrier: each thread writes who it is."""
+    i = cuda.grid(1)
+    out[i] = cuda.threadIdx.x * 1000 + cuda.blockIdx.x
+
+
+@cuda.jit(device=True)
+def block_sum(shared, value):
+    """The sum of ``value`` over a block of a power-of-two size, by halving
+    behind barriers."""
+    t = cuda.threadIdx.x
+    shared[t] = value
+    cuda.syncthreads()
+    step = cuda.blockDim.x // 2
+    while step:
+        if t < step:
+            shared[t] += shared[t + step]
+        cuda.syncthreads()
+        step //= 2
+    return shared[0]
+
+
+@cuda.jit
+def block_sums(x, out):
+    """A barrier reached only through a device function."""
+    shared = cuda.shared.array(16, "float64")
+    total = block_sum(shared, x[cuda.grid(1)])
+    if cuda.threadIdx.x == 0:
+        out[cuda.blockIdx.x] = total
+
+
+@cuda.jit
+def fails_at(out, bad):
+    i = cuda.grid(1)
+    if i == bad:
+        raise ValueError("planted")
+    out[i] = 1
+
+
+def check_block_runner():
+    """Under the harness: the kernel without a barrier runs thread after
+    thread, the one with a barrier behind a device function on threads;
+    both give what a GPU gives; the thread that raised is named."""
+    import numpy as np
+    from numba.cuda.simulator import kernel as K
+
+    from tests.cudasim import _waits_for_its_block
+
+    assert not _waits_for_its_block(K, thread_ids.fn, set())
+    assert _waits_for_its_block(K, block_sums.fn, set())
+    ids = cuda.to_device(np.zeros(4 * 8, np.int64))
+    thread_ids[4, 8](ids)
+    want = [t * 1000 + b for b in range(4) for t in range(8)]
+    assert ids.copy_to_host().tolist() == want
+    x = np.arange(3 * 16, dtype=np.float64) ** 2
+    sums = cuda.to_device(np.zeros(3))
+    block_sums[3, 16](cuda.to_device(x), sums)
+    assert sums.copy_to_host().tolist() == x.reshape(3, 16).sum(axis=1).tolist()
+    try:
+        fails_at[2, 8](cuda.to_device(np.zeros(16, np.int64)), 11)
+    except ValueError as exc:
+        assert str(exc) == "tid=[3, 0, 0] ctaid=[1, 0, 0]: planted", exc
+    else:
+        raise AssertionError("a raising thread went unnoticed")
+
+
+def test_block_runner():
+    _run("check_block_runner")
