@@ -266,6 +266,18 @@ def _waits_for_its_block(K, fn, seen) -> bool:
     return False
 
 
+def _named(exc, thread):
+    """``exc`` with the thread that raised it in its message, as the
+    simulator names it (``tid=[..] ctaid=[..]: message``); a RuntimeError
+    where the exception's type takes other arguments than a message (the
+    simulator's own runner then loses the exception, and the launch passes)."""
+    where = f"tid={list(thread.threadIdx)} ctaid={list(thread.blockIdx)}"
+    try:
+        return type(exc)(f"{where}: {exc}" if str(exc) else where)
+    except Exception:
+        return RuntimeError(f"{where}: {type(exc).__name__}: {exc}")
+
+
 def _block_runner(K):
     """numba-cuda's ``BlockManager.run`` (``K``: ``numba.cuda.simulator.kernel``)
     with :class:`_Barrier` for its polling loop, and a block of a kernel
@@ -277,7 +289,9 @@ def _block_runner(K):
     class BlockThread(K.BlockThread):
         def run(self):
             try:
-                super().run()               # the simulator's: keeps an exception in .exception
+                self._target()
+            except Exception as e:
+                self.exception = (_named(e, self), sys.exc_info()[2])
             finally:
                 self._manager.barrier.leave(self)
 
@@ -298,10 +312,8 @@ def _block_runner(K):
                 self.thread_id = point[0] + bx * (point[1] + by * point[2])
                 try:
                     self._target()
-                except Exception as e:      # the simulator's message
-                    where = f"tid={list(self.threadIdx)} ctaid={list(self.blockIdx)}"
-                    self.exception = (type(e)(f"{where}: {e}" if str(e) else where),
-                                      sys.exc_info()[2])
+                except Exception as e:
+                    self.exception = (_named(e, self), sys.exc_info()[2])
                     return
 
         def syncthreads(self):

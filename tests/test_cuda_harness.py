@@ -229,18 +229,35 @@ def block_sums(x, out):
         out[cuda.blockIdx.x] = total
 
 
+class TwoArguments(Exception):
+    def __init__(self, a, b):
+        super().__init__(f"{a} and {b}")
+
+
 @cuda.jit
-def fails_at(out, bad):
+def fails_at(out, bad, plain):
     i = cuda.grid(1)
     if i == bad:
-        raise ValueError("planted")
+        if plain:
+            raise ValueError("planted")
+        raise TwoArguments(1, 2)
+    out[i] = 1
+
+
+@cuda.jit
+def fails_after_a_barrier(out, bad):
+    i = cuda.grid(1)
+    cuda.syncthreads()
+    if i == bad:
+        raise TwoArguments(3, 4)
     out[i] = 1
 
 
 def check_block_runner():
     """Under the harness: the kernel without a barrier runs thread after
     thread, the one with a barrier behind a device function on threads;
-    both give what a GPU gives; the thread that raised is named."""
+    both give what a GPU gives; the thread that raised is named, also when
+    its exception's type takes other arguments than a message."""
     import numpy as np
     from numba.cuda.simulator import kernel as K
 
@@ -256,12 +273,20 @@ def check_block_runner():
     sums = cuda.to_device(np.zeros(3))
     block_sums[3, 16](cuda.to_device(x), sums)
     assert sums.copy_to_host().tolist() == x.reshape(3, 16).sum(axis=1).tolist()
+    for plain, kind, text in ((True, ValueError, "planted"),
+                              (False, RuntimeError, "TwoArguments: 1 and 2")):
+        try:
+            fails_at[2, 8](cuda.to_device(np.zeros(16, np.int64)), 11, plain)
+        except kind as exc:
+            assert str(exc) == f"tid=[3, 0, 0] ctaid=[1, 0, 0]: {text}", exc
+        else:
+            raise AssertionError(f"a raising thread went unnoticed ({text})")
     try:
-        fails_at[2, 8](cuda.to_device(np.zeros(16, np.int64)), 11)
-    except ValueError as exc:
-        assert str(exc) == "tid=[3, 0, 0] ctaid=[1, 0, 0]: planted", exc
+        fails_after_a_barrier[2, 8](cuda.to_device(np.zeros(16, np.int64)), 11)
+    except RuntimeError as exc:
+        assert str(exc) == "tid=[3, 0, 0] ctaid=[1, 0, 0]: TwoArguments: 3 and 4", exc
     else:
-        raise AssertionError("a raising thread went unnoticed")
+        raise AssertionError("a raising thread behind a barrier went unnoticed")
 
 
 def test_block_runner():
