@@ -1080,3 +1080,35 @@ def test_qsgd_owner_step_takes_the_fields_from_the_packets():
         owner.owner_step(packets[:2] + other, e, e_out, out, ctx)
     with pytest.raises(PacketError, match="holds 3000 elements"):
         owner.owner_step(packets, e[:-1], e_out[:-1], out[:-1], ctx)
+
+
+class _Received(list):
+    """Packets as the transport's all-to-all returns them: equally spaced in
+    one buffer (``buffer``, ``stride``)."""
+
+
+@pytest.mark.parametrize("count", [1, 2, 3])
+@pytest.mark.parametrize("spaced", [False, True])
+def test_float32_rows_have_the_type_and_values_of_payload_rows(count, spaced):
+    """The owner steps of qsgd and terngrad read their packets' scales either
+    as float32 rows (``payload_rows``) or as bytes copied to float32
+    (``float32_rows``, where they may lie unaligned): the same values and
+    the same numba array type, so each kernel compiles once for both."""
+    import numba
+
+    from hpccomm.codecs.base import float32_rows, payload_rows
+
+    k, offset, stride = 5, 8, 64
+    rng = np.random.default_rng(count)
+    buffer = np.zeros(count * stride, np.uint8)
+    packets = _Received(buffer[i * stride:(i + 1) * stride] for i in range(count)) if spaced \
+        else [np.zeros(stride, np.uint8) for _ in range(count)]
+    if spaced:
+        packets.buffer, packets.stride = buffer, stride
+    for p in packets:
+        p[offset:offset + 4 * k] = rng.standard_normal(k).astype(np.float32).view(np.uint8)
+    want = payload_rows(packets, offset, np.float32, k)
+    got = float32_rows(payload_rows(packets, offset, np.uint8, 4 * k))
+    assert np.array_equal(got, want)
+    assert numba.typeof(got) == numba.typeof(want)
+    assert not got.flags.writeable

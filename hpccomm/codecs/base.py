@@ -111,6 +111,20 @@ def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
     return rows
 
 
+def float32_rows(byte_rows: np.ndarray) -> np.ndarray:
+    """The float32 values held as bytes in the rows of ``byte_rows`` (a
+    packet field that may lie unaligned for a float32 view), copied into
+    rows laid out as :func:`payload_rows` lays out its copies (read-only,
+    rows one element apart more than their length): kernels then see the
+    array type of :func:`payload_rows`'s float32 rows, and numba compiles
+    them once for both."""
+    r, nbytes = byte_rows.shape
+    rows = np.empty((r, nbytes // 4 + 1), np.float32)[:, :nbytes // 4]
+    rows.view(np.uint8)[...] = byte_rows
+    rows.flags.writeable = False
+    return rows
+
+
 class Draw:
     """What a laid-out encode (``encode_views``, ``owner_views``) of a
     stochastic codec reads of its :class:`EncodeContext`: ``key``, the

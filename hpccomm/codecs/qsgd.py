@@ -135,7 +135,7 @@ from ..kernels import bitcodes
 from ..kernels import qsgd as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_no_feedback, check_total, scale_array, summed_code_dtype
-from .base import HEADER_SIZE, Codec, Draw, payload_rows, register_codec
+from .base import HEADER_SIZE, Codec, Draw, float32_rows, payload_rows, register_codec
 
 BITS = (2, 4, 8)
 NORMS = ("l2", "max")
@@ -451,7 +451,7 @@ class QSGDCodec(Codec):
 
     def owner_views(self, rows, e, e_out, out, views, draw):
         rcodes, scale_bytes, rbucket = rows
-        rscales = np.ascontiguousarray(scale_bytes).view(np.float32)
+        rscales = float32_rows(scale_bytes)
         scales, codes, bucket = views
         return K.qsgd_owner_step(rcodes, rscales, self.bits, rbucket, self.levels,
                                  None if e_out is None else e, e_out, out,

@@ -66,7 +66,7 @@ from ..kernels import bitcodes
 from ..kernels import terngrad as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_no_feedback, check_total, scale_array, summed_code_dtype
-from .base import HEADER_SIZE, Codec, payload_rows, register_codec
+from .base import HEADER_SIZE, Codec, float32_rows, payload_rows, register_codec
 
 #: payload offset: header + the float32 scale
 CODES_OFFSET = HEADER_SIZE + 4
@@ -280,7 +280,7 @@ class TernGradCodec(Codec):
         the codes, ``e_out`` and ``out = decode(packet)``."""
         e = None if e_out is None else e
         scale_bytes, codes = rows
-        scales = np.ascontiguousarray(scale_bytes).view(np.float32)
+        scales = float32_rows(scale_bytes)
         acc = K.owner_accumulator()
         K.tern_owner_add(codes, scales, e, out, 0, out.size, *acc)
         s, unit, bad = self._stat_or_bad(out.size, K.tern_owner_total(*acc, e, out), draw)
