@@ -1089,16 +1089,17 @@ class _Received(list):
 
 @pytest.mark.parametrize("count", [1, 2, 3])
 @pytest.mark.parametrize("spaced", [False, True])
-def test_float32_rows_have_the_type_and_values_of_payload_rows(count, spaced):
+@pytest.mark.parametrize("offset, stride", [(8, 64), (9, 64), (8, 63)])
+def test_float32_rows_have_the_type_and_values_of_payload_rows(count, spaced, offset, stride):
     """The owner steps of qsgd and terngrad read their packets' scales either
-    as float32 rows (``payload_rows``) or as bytes copied to float32
-    (``float32_rows``, where they may lie unaligned): the same values and
-    the same numba array type, so each kernel compiles once for both."""
+    as float32 rows (``payload_rows``) or as bytes turned into float32
+    (``float32_rows``, viewed where aligned, else copied): the same values
+    and the same numba array type, so each kernel compiles once for both."""
     import numba
 
     from hpccomm.codecs.base import float32_rows, payload_rows
 
-    k, offset, stride = 5, 8, 64
+    k = 5
     rng = np.random.default_rng(count)
     buffer = np.zeros(count * stride, np.uint8)
     packets = _Received(buffer[i * stride:(i + 1) * stride] for i in range(count)) if spaced \

@@ -113,14 +113,16 @@ def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
 
 def float32_rows(byte_rows: np.ndarray) -> np.ndarray:
     """The float32 values held as bytes in the rows of ``byte_rows`` (a
-    packet field that may lie unaligned for a float32 view), copied into
-    rows laid out as :func:`payload_rows` lays out its copies (read-only,
-    rows one element apart more than their length): kernels then see the
-    array type of :func:`payload_rows`'s float32 rows, and numba compiles
-    them once for both."""
-    r, nbytes = byte_rows.shape
-    rows = np.empty((r, nbytes // 4 + 1), np.float32)[:, :nbytes // 4]
-    rows.view(np.uint8)[...] = byte_rows
+    packet field), read-only, with the array type of :func:`payload_rows`'s
+    float32 rows, so that numba compiles a kernel once for both: a view
+    where every row is 4-byte aligned, else a copy laid out as
+    :func:`payload_rows` lays out its copies (rows one element apart more
+    than their length)."""
+    rows = byte_rows.view(np.float32)
+    if not rows.flags.aligned:
+        r, nbytes = byte_rows.shape
+        rows = np.empty((r, nbytes // 4 + 1), np.float32)[:, :nbytes // 4]
+        rows.view(np.uint8)[...] = byte_rows
     rows.flags.writeable = False
     return rows
 
