@@ -324,21 +324,19 @@ def _block_runner(K):
         serial = barrier_free.get(self._f)
         if serial is None:
             serial = barrier_free[self._f] = not _waits_for_its_block(K, self._f, {self._f})
+        target = lambda: self._f(*args)  # noqa: E731
         if serial:
-            block = SerialBlock(lambda: self._f(*args), self, grid_point, (0, 0, 0), self._debug)
-            block.start()
-            block.join()
-            if block.exception:
-                raise block.exception[0].with_traceback(block.exception[1])
-            return
-        threads = [BlockThread(lambda: self._f(*args), self, grid_point, point, self._debug)
-                   for point in np.ndindex(*self._block_dim)]
-        self.barrier = _Barrier(threads)
+            threads = [SerialBlock(target, self, grid_point, (0, 0, 0), self._debug)]
+        else:
+            threads = [BlockThread(target, self, grid_point, point, self._debug)
+                       for point in np.ndindex(*self._block_dim)]
+            self.barrier = _Barrier(threads)
         for t in threads:
             t.start()
         for t in threads:
             t.join()
-        failed = self.barrier.failed or next((t for t in threads if t.exception), None)
+        failed = (None if serial else self.barrier.failed) \
+            or next((t for t in threads if t.exception), None)
         if failed is not None:
             raise failed.exception[0].with_traceback(failed.exception[1])
 

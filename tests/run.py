@@ -149,9 +149,9 @@ def main():
                                         args.timeout, env))
         results.append(("alone",) + run("alone", base + ["-m", "not mpi and alone"], args.timeout,
                                         env))
-    mpi_runs = any(v.strip() for v in (args.ranks + args.cudasim_ranks + args.wide_ranks
-                                        + args.slow_ranks).split(","))
-    files = files_by_marker(base, env) if mpi_runs else None
+    rank_counts = {name: [int(v) for v in getattr(args, name).split(",") if v.strip()]
+              for name in ("ranks", "cudasim_ranks", "wide_ranks", "slow_ranks")}
+    files = files_by_marker(base, env) if any(rank_counts.values()) else None
 
     def ranked(label, k, env, markers, expr):
         """Run ``-m expr`` under mpiexec -n k, each rank's pytest on the files
@@ -164,17 +164,17 @@ def main():
                *pytest, *paths, *opts, "-m", expr, "--with-mpi"]
         return (label,) + run(label, cmd, args.timeout, env)
 
-    for k in [int(v) for v in args.ranks.split(",") if v.strip()]:
+    for k in rank_counts["ranks"]:
         results.append(ranked(f"mpi-n{k}", k, env, ["mpi"], "mpi and not slow and not cudasim"))
-    for k in [int(v) for v in args.cudasim_ranks.split(",") if v.strip()]:
+    for k in rank_counts["cudasim_ranks"]:
         label = f"cudasim-n{k}"
         wide = " and wide" if k > 4 else ""      # beyond 4 ranks only what needs them
         results.append(ranked(label, k, {**env, "NUMBA_ENABLE_CUDASIM": "1"},
                               ["mpi", "cudasim"] + (["wide"] if wide else []),
                               f"mpi and cudasim{wide} and not slow"))
-    for k in [int(v) for v in args.wide_ranks.split(",") if v.strip()]:
+    for k in rank_counts["wide_ranks"]:
         results.append(ranked(f"wide-n{k}", k, env, ["mpi", "wide"], "mpi and wide and not slow"))
-    for k in [int(v) for v in args.slow_ranks.split(",") if v.strip()]:
+    for k in rank_counts["slow_ranks"]:
         results.append(ranked(f"slow-n{k}", k, env, ["mpi", "slow"], "mpi and slow"))
     print("\n### summary")
     failed_runs = []

@@ -101,14 +101,18 @@ def payload_rows(packets, offset: int, dtype, count: int) -> np.ndarray:
                           strides=(stride, dtype.itemsize))
         rows.flags.writeable = False
         return rows
-    # a copy laid out like the view (rows one element apart more than their
-    # length, read-only), so that kernels see one array type either way and
-    # numba compiles them once, not once per layout
-    rows = np.empty((len(packets), count + 1), dtype)[:, :count]
+    rows = _rows_as_viewed(len(packets), count, dtype)
     for row, p in zip(rows, packets):
         row[:] = p[offset:offset + count * dtype.itemsize].view(dtype)
     rows.flags.writeable = False
     return rows
+
+
+def _rows_as_viewed(r: int, count: int, dtype) -> np.ndarray:
+    """Empty rows for a copy laid out like :func:`payload_rows`' view (rows
+    one element apart more than their length), so that kernels see one array
+    type either way and numba compiles them once, not once per layout."""
+    return np.empty((r, count + 1), dtype)[:, :count]
 
 
 def float32_rows(byte_rows: np.ndarray) -> np.ndarray:
@@ -116,12 +120,10 @@ def float32_rows(byte_rows: np.ndarray) -> np.ndarray:
     packet field), read-only, with the array type of :func:`payload_rows`'s
     float32 rows, so that numba compiles a kernel once for both: a view
     where every row is 4-byte aligned, else a copy laid out as
-    :func:`payload_rows` lays out its copies (rows one element apart more
-    than their length)."""
+    :func:`payload_rows` lays out its copies."""
     rows = byte_rows.view(np.float32)
     if not rows.flags.aligned:
-        r, nbytes = byte_rows.shape
-        rows = np.empty((r, nbytes // 4 + 1), np.float32)[:, :nbytes // 4]
+        rows = _rows_as_viewed(byte_rows.shape[0], byte_rows.shape[1] // 4, np.float32)
         rows.view(np.uint8)[...] = byte_rows
     rows.flags.writeable = False
     return rows
