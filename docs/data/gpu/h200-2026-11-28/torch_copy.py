@@ -1,7 +1,7 @@
 """torch's device copy of 64M float32 on the GPU (the floor of docs/results/device.md):
 CUDA events around y.copy_(x), 12 copies, the first two dropped, the 6th of the 10
 sorted (the upper median). These statements ran on the H200 as one `python -c` in the
-venv of ./dev.sh gpu, before the tests of that call (torch-copy.txt)."""
+venv built as ./dev.sh gpu builds one, before that call's tests (torch-copy.txt)."""
 import torch
 
 x = torch.randn(2**26, device="cuda")
