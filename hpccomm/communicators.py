@@ -23,7 +23,7 @@ def _release_cache(comm: MPI.Comm, keyval: int, cache: Dict[Any, Any]) -> None:
             if value != MPI.COMM_NULL:
                 value.Free()
                 handles.freed("comm")
-        else:
+        elif hasattr(value, "release"):
             value.release()
     cache.clear()
 
@@ -32,7 +32,7 @@ def comm_cache(comm: MPI.Comm) -> Dict[Any, Any]:
     """A dict that lives exactly as long as ``comm``: an MPI attribute whose
     delete callback MPI calls when the user frees ``comm``, which then frees
     the communicators stored in it and calls ``release()`` on its other
-    values.  (A cache by handle would outlive the communicator: MPICH reuses
+    values that have one.  (A cache by handle would outlive the communicator: MPICH reuses
     a freed communicator's handle for the next one.)  Not copied by
     ``Dup``."""
     global _KEYVAL
@@ -59,12 +59,17 @@ def private_comm(comm: MPI.Comm) -> MPI.Comm:
 
 def ranks_on_node(comm: MPI.Comm) -> int:
     """How many ranks of ``comm`` share this rank's node
-    (``MPI_COMM_TYPE_SHARED``).  Collective."""
-    node = comm.Split_type(MPI.COMM_TYPE_SHARED)
-    try:
-        return node.Get_size()
-    finally:
-        node.Free()
+    (``MPI_COMM_TYPE_SHARED``).  Collective on its first use for ``comm``,
+    then kept on it: a communicator's ranks do not move."""
+    cache = comm_cache(comm)
+    count = cache.get("ranks_on_node")
+    if count is None:
+        node = comm.Split_type(MPI.COMM_TYPE_SHARED)
+        try:
+            count = cache["ranks_on_node"] = node.Get_size()
+        finally:
+            node.Free()
+    return count
 
 
 def spans_one_node(comm: MPI.Comm) -> bool:

@@ -104,6 +104,21 @@ def test_gpu_aware_resolution(monkeypatch):
         resolve_gpu_aware("sometimes")
 
 
+def test_the_library_is_asked_once_per_process(monkeypatch):
+    """Finding libmpi reads ``/proc/self/maps`` (milliseconds with torch
+    loaded), so the library's answer is kept: asked again, nothing is
+    scanned, and the environment still overrides it."""
+    from hpccomm.buffers import gpu_aware
+    first = mpi_cuda_support_reason()
+
+    def no_scan():
+        raise AssertionError("the loaded libraries were scanned again")
+    monkeypatch.setattr(gpu_aware, "_libmpi_handles", no_scan)
+    assert mpi_cuda_support_reason() == first
+    monkeypatch.setenv("HPCCOMM_GPU_AWARE", "1")
+    assert mpi_cuda_support_reason() == (True, "HPCCOMM_GPU_AWARE=1, the library not asked")
+
+
 def test_description_hash_is_stable():
     assert description_hash("n=4 dtype=float32") == description_hash("n=4 dtype=float32")
     assert description_hash("n=4") != description_hash("n=5")

@@ -3,9 +3,10 @@ MPICH reuses a freed communicator's handle, and a cache by handle handed the
 old group's duplicate to the next communicator (wrong sums, or a hang)."""
 import numpy as np
 import pytest
+from mpi4py import MPI
 
 import hpccomm
-from hpccomm.communicators import comm_cache, private_comm
+from hpccomm.communicators import comm_cache, private_comm, ranks_on_node
 
 from .helpers import COMM, RANK, SIZE
 
@@ -49,3 +50,22 @@ def test_the_private_communicator_is_cached_on_the_communicator_and_freed_with_i
     with pytest.raises(Exception):      # freed with c
         p.Get_size()
     e.Free()
+
+
+def test_the_node_count_is_asked_once_and_dropped_with_the_communicator():
+    """``ranks_on_node`` splits the communicator once (a collective every
+    reducer's first call needs) and keeps the count on it; freeing the
+    communicator drops the count and still frees what was cached before it
+    (the private duplicate)."""
+    c = COMM.Dup()
+    p = private_comm(c)
+    node = c.Split_type(MPI.COMM_TYPE_SHARED)
+    expected = node.Get_size()
+    node.Free()
+    assert ranks_on_node(c) == expected
+    assert comm_cache(c)["ranks_on_node"] == expected
+    comm_cache(c)["ranks_on_node"] = -7          # kept: not asked of MPI again
+    assert ranks_on_node(c) == -7
+    c.Free()
+    with pytest.raises(Exception):               # the duplicate went with c
+        p.Get_size()

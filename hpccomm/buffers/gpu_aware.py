@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from typing import Tuple
 
@@ -35,6 +36,15 @@ def mpi_cuda_support_reason() -> Tuple[bool, str]:
     if env is not None:
         answer = env.strip().lower() in ("1", "yes", "on", "true")
         return answer, f"HPCCOMM_GPU_AWARE={env}, the library not asked"
+    return _library_answer()
+
+
+@functools.lru_cache(maxsize=None)
+def _library_answer() -> Tuple[bool, str]:
+    """What the loaded libmpi answers, asked once per process: the library
+    cannot change once mpi4py has loaded it, and finding it reads
+    ``/proc/self/maps`` (about 3 ms with torch's libraries mapped: most of
+    an ``Allreducer``'s construction)."""
     from mpi4py import MPI  # noqa: F401  (loads libmpi)
 
     for handle, where in _libmpi_handles():
