@@ -138,7 +138,11 @@ def main():
     env["HPCCOMM_TEST_LOGDIR"] = LOGDIR
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     shutil.rmtree(LOGDIR, ignore_errors=True)
-    opts = ["-p", "no:cacheprovider", "--color=no", "-q", f"--timeout={args.test_timeout}",
+    # no:logging: pytest's log capture attaches a handler to every non-propagating
+    # logger (torch makes dozens) around each test phase, 6 % of an MPI run's time,
+    # and no test reads captured logs
+    opts = ["-p", "no:cacheprovider", "-p", "no:logging", "--color=no", "-q",
+            f"--timeout={args.test_timeout}",
             "--timeout-method=thread", *args.pytest_args]
     pytest = [sys.executable, "-m", "pytest"]
     base = pytest + ["tests"] + opts
