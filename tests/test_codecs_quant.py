@@ -1113,3 +1113,43 @@ def test_float32_rows_have_the_type_and_values_of_payload_rows(count, spaced, of
     assert np.array_equal(got, want)
     assert numba.typeof(got) == numba.typeof(want)
     assert not got.flags.writeable
+
+
+@pytest.mark.parametrize("name,params,kernel,body,rows", [
+    ("qsgd", {}, "qsgd.qsgd_owner_step", "_qsgd_encode", (4, 5)),
+    ("terngrad", {}, "terngrad.tern_owner_add", "_tern_owner_add", (0, 1)),
+    ("bf16", {}, "halfwidth.half_owner_step", "_half_owner_step", (0,)),
+    ("fp8", {}, "fp8.fp8_owner_step", "_fp8_owner_step", (0, 1))])
+def test_an_owner_steps_body_compiles_once_for_both_row_layouts(monkeypatch, name, params, kernel,
+                                                                body, rows):
+    """One packet's rows are C-contiguous, several packets' rows in one
+    buffer strided: the owner step hands its body strided rows either way
+    (``strided_rows``), so the body gets no C-layout specialisation -- each
+    one costs seconds of compilation on a fresh cache.  The owner step's
+    arguments for one packet are recorded, and an uncached copy of it is
+    compiled for them: that types (and loads or compiles) the body it
+    calls, whose specialisations are then all strided."""
+    import importlib
+
+    import numba
+    from numba.core import types
+
+    module_name, fn = kernel.split(".")
+    module = importlib.import_module(f"hpccomm.kernels.{module_name}")
+    owner_step = getattr(module, fn)
+    seen = []
+
+    def recording(*args):
+        seen.append(args)
+        return owner_step(*args)
+
+    monkeypatch.setattr(module, fn, recording)
+    packets, _, e, ctx = owner_inputs(name, params, 1, 40, seed=1)
+    hpccomm.get_codec(name, **params).owner_step(packets, e, np.empty(40, np.float32),
+                                                 np.empty(40, np.float32), ctx)
+    args = tuple(numba.typeof(a) for a in seen[0])
+    assert args[0].layout == "C"                # one packet: C-contiguous rows
+    numba.njit(owner_step.py_func).compile(args)
+    layouts = {sig[i].layout for sig in getattr(module, body).overloads for i in rows
+               if isinstance(sig[i], types.Array)}
+    assert layouts == {"A"}, (body, layouts)

@@ -7,7 +7,7 @@ import numpy as np
 from numba import njit
 
 from .bitcast import f32_as_u32, u32_as_f32
-from .quant_common import _compensate_block
+from .quant_common import _compensate_block, strided_rows
 
 _U32 = np.uint32
 #: the two FP8 formats, by their header code: (largest finite value, its code)
@@ -161,6 +161,14 @@ def fp8_owner_step(rscales, rcodes, rblock, e5m2, e, has_e, feedback, block, sca
     of ``block``), ``e_out = w - decode`` (with ``feedback``) and ``out =
     decode``.  The bits of decode-add, compensate, re-encode, decode and
     subtract.  Returns the number of non-finite ``w``."""
+    return _fp8_owner_step(strided_rows(rscales), strided_rows(rcodes), rblock, e5m2, e, has_e,
+                           feedback, block, scales, codes, e_out, out)
+
+
+@njit(cache=True, nogil=True)
+def _fp8_owner_step(rscales, rcodes, rblock, e5m2, e, has_e, feedback, block, scales, codes,
+                    e_out, out):
+    """:func:`fp8_owner_step` on strided rows (one body for both layouts)."""
     n = out.size
     for i in range(n):
         out[i] = 0.0

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit
 
 from .bitcast import f32_as_u32, u32_as_f32
-from .quant_common import BLOCK, _compensate_block
+from .quant_common import BLOCK, _compensate_block, strided_rows
 
 _U32 = np.uint32
 
@@ -206,6 +206,12 @@ def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
     ``out = widen(bits)``, what every rank decodes the packet to.  The bits of
     decode-add, compensate, re-encode, decode and subtract.  Returns the
     number of non-finite ``w``."""
+    return _half_owner_step(strided_rows(received), bf16, e, has_e, feedback, bits, e_out, out)
+
+
+@njit(cache=True, nogil=True)
+def _half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
+    """:func:`half_owner_step` on strided rows (one body for both layouts)."""
     n = out.size
     acc = np.empty(BLOCK, dtype=np.float32)
     dec = np.empty(BLOCK, dtype=np.float32)

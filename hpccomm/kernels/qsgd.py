@@ -18,7 +18,7 @@ from numba import njit
 from .bitcodes import _decode_sum_range, _pack_block, _scale_codes
 from .prefetch import prefetch_ahead
 from .quant_common import (BLOCK, F32_MAX, LANES, ROWS, _count_nonfinite, _lane_total,
-                           _row_split, _v)
+                           _row_split, _v, strided_rows)
 from .rng import U64_GOLDEN, bits24_weyl_cpu, weyl_cpu
 
 
@@ -306,8 +306,8 @@ def qsgd_owner_step(rcodes, rscales, rbits, rbucket, rlevels, e, e_out, out,
     ``scales`` / ``packed``, ``e_out = w - decode(packet)`` (with ``e_out``)
     and ``out = decode(packet)``.  The bits of decode-add, compensate,
     re-encode, decode and subtract.  Returns the number of non-finite ``w``."""
-    return _qsgd_encode(out, e, e_out, out, rcodes, rscales, rbits, rbucket, rlevels,
-                        bucket, bits, levels, use_max, key, offset, scales, packed, contract,
+    return _qsgd_encode(out, e, e_out, out, strided_rows(rcodes), strided_rows(rscales), rbits,
+                        rbucket, rlevels, bucket, bits, levels, use_max, key, offset, scales, packed, contract,
                         omega, omega_last)
 
 

@@ -72,6 +72,17 @@ F32_MAX = float(np.finfo(np.float32).max)
 
 
 @njit(cache=True, nogil=True, inline="always")
+def strided_rows(rows):
+    """``rows`` (2-D) typed as strided (numba's layout ``A``).  The rows of a
+    chunk's received packets are strided (:func:`~hpccomm.codecs.base.payload_rows`),
+    except that numpy calls a single row C-contiguous; an owner step hands
+    its body ``strided_rows(...)`` so that numba compiles that body once for
+    both (each specialisation of a large body costs seconds on a fresh
+    cache)."""
+    return rows[:, :]
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _lane_total(acc, start):
     """Sum of ``acc[start:start + LANES]`` as a fixed pairwise tree (lane
     ``k`` += lane ``k + w`` for ``w`` = 16, 8, 4, 2, 1); clobbers the lanes."""

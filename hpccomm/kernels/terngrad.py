@@ -15,7 +15,8 @@ from numba import njit
 
 from .bitcodes import _decode_sum_range, _pack_block
 from .prefetch import prefetch_ahead
-from .quant_common import BLOCK, LANES, ROWS, _count_nonfinite, _lane_total, _row_split, _v
+from .quant_common import (BLOCK, LANES, ROWS, _count_nonfinite, _lane_total, _row_split, _v,
+                           strided_rows)
 from .rng import U64_GOLDEN, uniform01_weyl_cpu, weyl_cpu
 
 _U0 = np.uint64(0)
@@ -118,6 +119,12 @@ def tern_owner_add(rcodes, rscales, e, out, lo, hi, x0, mx, acc):
     lanes of ``(x0, mx, acc)`` (:func:`owner_accumulator`), a block at a time.
     Each lane adds its elements in index order whatever the pieces, so the
     pieces of a chunk give the bits of the chunk in one piece."""
+    _tern_owner_add(strided_rows(rcodes), strided_rows(rscales), e, out, lo, hi, x0, mx, acc)
+
+
+@njit(cache=True, nogil=True)
+def _tern_owner_add(rcodes, rscales, e, out, lo, hi, x0, mx, acc):
+    """:func:`tern_owner_add` on strided rows (one body for both layouts)."""
     m = hi - lo
     codes = np.empty(BLOCK, dtype=np.int8)
     for blo in range(lo, hi, BLOCK):
