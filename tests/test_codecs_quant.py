@@ -137,6 +137,32 @@ def ref_tern_scale(x, clip):
     return np.float32(s)
 
 
+def ref_mix64(z):
+    z &= (1 << 64) - 1
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return z ^ (z >> 31)
+
+
+@pytest.mark.parametrize("seed,rank,step,salt,want", [
+    (0, 0, 0, 0, 0xd1d195d96ff518aa), (1, 3, 12345, 7, 0xd264b4883d3fb505),
+    (2**64 - 1, 999, 2**40 + 3, 2**32 - 1, 0xf89d887165adb420), (-5, 0, 1, 13, 0x28f98ee1442e7197),
+    (12345678901234567890, 4, 0, 0, 0x17e142202868fd7b), (7, 2**63, 5, 3, 0x1105aa620faa6c5c)])
+def test_stream_keys_are_the_documented_mix(seed, rank, step, salt, want):
+    """Every stochastic packet's bits hang on ``stream_key`` (the GPU twins
+    take the host's key): the documented chain of mixes, and the values it
+    gave before its (seed, rank) half was kept between calls -- twice, so the
+    kept half is the one used."""
+    golden = 0x9E3779B97F4A7C15
+    z = ref_mix64(seed + golden)
+    for term, k in ((rank, 2), (step, 3), (salt, 5)):
+        z = ref_mix64(z ^ ((term + k * golden) & ((1 << 64) - 1)))
+    assert z == want
+    for _ in range(2):
+        got = stream_key(seed, rank, step, salt)
+        assert type(got) is np.uint64 and int(got) == want
+
+
 def ref_tern_codes(x, ctx, shared, own):
     u = uniform_array(stream_key(ctx.seed, ctx.rank, ctx.step, 4), ctx.offset, x.size)
     keep = u * shared < np.minimum(np.abs(x), own)

@@ -546,9 +546,11 @@ class _Headers:
             expected.append(packet[:HEADER_SIZE])
         self.expected = (np.concatenate(expected) if expected
                          else np.zeros(0, np.uint8))
+        self.expected_bytes = self.expected.tobytes()
 
     def check(self) -> None:
-        if np.array_equal(self.packets.buffer[self.index], self.expected):
+        # bytes, not np.array_equal: 0.2 against 1.8 us, twice per call
+        if self.packets.buffer[self.index].tobytes() == self.expected_bytes:
             return
         for i, (j, n) in enumerate(zip(self.sources, self.counts)):
             packet = self.packets[j]

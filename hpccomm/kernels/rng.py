@@ -12,6 +12,8 @@ The element functions are plain Python on uint64 values so that the same source
 compiles with ``numba.njit`` (here) and ``numba.cuda.jit(device=True)``
 (:mod:`hpccomm.kernels.cuda_quantize`): CPU and GPU kernels draw identical bits.
 """
+import functools
+
 import numpy as np
 from numba import njit
 
@@ -38,14 +40,24 @@ def _mix64_py(z: int) -> int:
     return z ^ (z >> 31)
 
 
+_G2, _G3, _G5 = 2 * GOLDEN, 3 * GOLDEN, 5 * GOLDEN
+
+
 def stream_key(seed: int, rank: int, step: int, salt: int = 0) -> np.uint64:
-    """The 64-bit key of one encode call.  ``salt`` separates independent
+    """The 64-bit key of one encode call: ``mix64`` of ``seed + GOLDEN``,
+    then of that xor ``rank + 2 GOLDEN``, ``step + 3 GOLDEN`` and ``salt +
+    5 GOLDEN`` in turn (each mod 2**64).  ``salt`` separates independent
     uses within one call (e.g. sampling vs rounding)."""
-    z = _mix64_py(int(seed) + GOLDEN)
-    z = _mix64_py(z ^ ((int(rank) + 2 * GOLDEN) & M64))
-    z = _mix64_py(z ^ ((int(step) + 3 * GOLDEN) & M64))
-    z = _mix64_py(z ^ ((int(salt) + 5 * GOLDEN) & M64))
-    return np.uint64(z)
+    z = _mix64_py(_rank_prefix(int(seed), int(rank)) ^ ((int(step) + _G3) & M64))
+    return np.uint64(_mix64_py(z ^ ((int(salt) + _G5) & M64)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _rank_prefix(seed: int, rank: int) -> int:
+    """The part of :func:`stream_key` that depends on ``(seed, rank)`` alone,
+    kept: a repeated call draws a key per rank it encodes as, and the two
+    mixes are half of a key's 2 us in Python."""
+    return _mix64_py(_mix64_py(seed + GOLDEN) ^ ((rank + _G2) & M64))
 
 
 def hash_index(key, i):
