@@ -258,6 +258,27 @@ def test_unaligned_packets_decode(case):
     np.testing.assert_array_equal(out, decoded)
 
 
+@pytest.mark.parametrize("n", [0, 1, 63, 64, 65, 4097, BLOCK - 1, BLOCK, BLOCK + 1,
+                               3 * BLOCK + 5])
+@pytest.mark.parametrize("t", [0.0, 0.5, 2.0, 1e9])
+def test_threshold_selection_matches_numpy(n, t):
+    """``select_abs_ge`` and ``count_abs_ge`` against numpy on both sides of
+    one block (up to a block they run the blocks' serial kernels directly,
+    above it the parallel ones): zeros of both signs never selected, indices
+    in either width."""
+    x = data(n, 7)
+    x[::7] = 0.0
+    if n > 3:
+        x[1], x[2] = -0.0, 2.0
+    want = np.flatnonzero((np.abs(x) >= np.float32(t)) & (x != 0))
+    for width in (np.int32, np.int64):
+        idx, vals = sparse_kernels.select_abs_ge(x, t, width)
+        assert idx.dtype == width and vals.dtype == np.float32
+        np.testing.assert_array_equal(idx, want)
+        np.testing.assert_array_equal(vals.view(np.uint32), x[want].view(np.uint32))
+    assert sparse_kernels.count_abs_ge(x, t) == want.size
+
+
 # ---------------------------------------------------------------------------
 # topk
 # ---------------------------------------------------------------------------
