@@ -429,9 +429,14 @@ def compensate_sign_quanta(x, e, v, tau, count_max, word_dtype):
     nb = (n + BLOCK - 1) // BLOCK
     cap = int(min(BLOCK, max(1024, -(-2 * count_max * BLOCK // max(n, 1)))))
     words, vals = _scratch_pairs(nb * cap, word_dtype, "quanta")
-    with threads_for(n):
-        counts, flags = _sign_quanta_blocks(x, x if e is None else e, e is not None,
-                                            np.float32(tau), v, words, vals, cap)
+    if nb <= 1:     # one block: its kernel called directly (see select_abs_ge)
+        count, flag = _sign_quanta_block(x, x if e is None else e, e is not None,
+                                         np.float32(tau), v, 0, words[:cap], vals[:cap])
+        counts, flags = np.array([count], np.int64), np.array([flag])
+    else:
+        with threads_for(n):
+            counts, flags = _sign_quanta_blocks(x, x if e is None else e, e is not None,
+                                                np.float32(tau), v, words, vals, cap)
     m = int(counts.sum())
     bad = count_nonfinite(v) if flags.any() else 0
     if m > count_max or int(counts.max(initial=0)) > cap:
@@ -590,7 +595,10 @@ def _block_sum_squares(x):
 
 def sum_squares(x):
     """``sum(x_i^2)`` in float64, the same bits for any thread count (see
-    :func:`_sum_squares`)."""
+    :func:`_sum_squares`); one block's sum without a parallel region (see
+    :func:`select_abs_ge`)."""
+    if x.size <= BLOCK:
+        return _sum_parts(np.array([_sum_squares_of(x)]))
     with threads_for(x.size):
         return _sum_squares(x)
 
