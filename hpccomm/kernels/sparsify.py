@@ -1221,10 +1221,15 @@ def adaptive_encode(x, e, e_out, H, pi, samples, excess, key, offset):
     scratch = np.empty(ngroups * stride, dtype=np.uint32)
     used = np.empty(ngroups, dtype=np.int64)
     bad = np.empty(ngroups, dtype=np.int64)
-    with threads_for(n):
-        _adaptive_encode(x, x if e is None else e, e is not None, feedback, H, pi, samples,
-                         excess, key, offset, x if e_out is None else e_out, counts, mu_pos,
-                         mu_neg, scratch, stride, used, bad)
+    if ngroups == 1:    # one group: its kernel called directly (see select_abs_ge)
+        used[0], bad[0] = _adaptive_group(
+            x, x if e is None else e, e is not None, feedback, H, 0, W, pi, samples, excess, key,
+            np.uint64(offset), x if e_out is None else e_out, counts, mu_pos, mu_neg, scratch)
+    elif ngroups:
+        with threads_for(n):
+            _adaptive_encode(x, x if e is None else e, e is not None, feedback, H, pi, samples,
+                             excess, key, offset, x if e_out is None else e_out, counts, mu_pos,
+                             mu_neg, scratch, stride, used, bad)
     words = np.empty(int(used.sum()), dtype=np.uint32)
     _gather_groups(scratch, stride, used, words)
     return counts, mu_pos, mu_neg, words, int(bad.sum())
