@@ -154,7 +154,7 @@ def main():
         results.append(("alone",) + run("alone", base + ["-m", "not mpi and alone"], args.timeout,
                                         env))
     rank_counts = {name: [int(v) for v in getattr(args, name).split(",") if v.strip()]
-              for name in ("ranks", "cudasim_ranks", "wide_ranks", "slow_ranks")}
+                   for name in ("ranks", "cudasim_ranks", "wide_ranks", "slow_ranks")}
     files = files_by_marker(base, env) if any(rank_counts.values()) else None
 
     def ranked(label, k, env, markers, expr):

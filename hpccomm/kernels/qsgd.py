@@ -307,8 +307,8 @@ def qsgd_owner_step(rcodes, rscales, rbits, rbucket, rlevels, e, e_out, out,
     and ``out = decode(packet)``.  The bits of decode-add, compensate,
     re-encode, decode and subtract.  Returns the number of non-finite ``w``."""
     return _qsgd_encode(out, e, e_out, out, strided_rows(rcodes), strided_rows(rscales), rbits,
-                        rbucket, rlevels, bucket, bits, levels, use_max, key, offset, scales, packed, contract,
-                        omega, omega_last)
+                        rbucket, rlevels, bucket, bits, levels, use_max, key, offset, scales,
+                        packed, contract, omega, omega_last)
 
 
 @njit(cache=True, nogil=True)

@@ -1225,7 +1225,7 @@ def adaptive_encode(x, e, e_out, H, pi, samples, excess, key, offset):
         used[0], bad[0] = _adaptive_group(
             x, x if e is None else e, e is not None, feedback, H, 0, W, pi, samples, excess, key,
             np.uint64(offset), x if e_out is None else e_out, counts, mu_pos, mu_neg, scratch)
-    elif ngroups:
+    else:
         with threads_for(n):
             _adaptive_encode(x, x if e is None else e, e is not None, feedback, H, pi, samples,
                              excess, key, offset, x if e_out is None else e_out, counts, mu_pos,
