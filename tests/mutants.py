@@ -222,8 +222,15 @@ def reversed_owner(base_name: str = "twoshot"):
 
     def reduce(self, x, out, state, ctx):
         base.reduce(self, x, out, state, replace(ctx, net=_Reversed(ctx.net)))
+
+    def fixed_transfers(self, exchange, call, bounds, slotted):
+        # small packets of varying size travel in slots, around the transport
+        alltoallv, allgatherv = base._fixed_transfers(self, exchange, call, bounds, slotted)
+        return (lambda packets: list(alltoallv(packets))[::-1]), allgatherv
     return type(f"Reversed{base.__name__}", (base,),
-                {"name": f"{MUTANT}-reversed-{base_name}", "reduce": reduce})
+                {"name": f"{MUTANT}-reversed-{base_name}", "reduce": reduce,
+                 "_fixed_transfers": fixed_transfers,
+                 "repeat_plan": lambda self, *args: None})      # no plan around it
 
 
 @contextlib.contextmanager

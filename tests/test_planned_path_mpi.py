@@ -83,13 +83,13 @@ def test_laid_out_packets_of_several_chunks(codec, ef):
 
 @pytest.mark.parametrize("options,path", [({"bits": 2, "bucket": 7, "norm": "max"}, "kernels"),
                                           ({"bits": 8, "bucket": 100}, "kernels"),
-                                          ({"bits": 2, "bucket": 7, "elias": True}, None)])
+                                          ({"bits": 2, "bucket": 7, "elias": True}, "plan")])
 @pytest.mark.parametrize("ef", [True, False])
 def test_qsgd_variants_through_the_plan(options, path, ef):
     """``qsgd``'s bit widths, bucket sizes and norms run their kernels on laid-out
-    packets (Elias packets vary in size: no plan), with the
-    reference's results, residuals, steps and bytes; chunks of odd byte
-    lengths leave the received scales unaligned."""
+    packets (Elias packets vary in size: the plan in slots), with the
+    reference's results, residuals, steps and bytes (the slots' for Elias);
+    chunks of odd byte lengths leave the received scales unaligned."""
     runs, stats = {}, {}
     for fused in (True, False):
         reducer = hpccomm.Allreducer(COMM, codec="qsgd", algorithm="twoshot", fused=fused,
@@ -99,7 +99,11 @@ def test_qsgd_variants_through_the_plan(options, path, ef):
         if fused and SIZE > 1:
             assert reducer.repeat_path("g") == path
     assert runs[True] == runs[False]
-    assert stats[True] == stats[False]
+    if path == "plan" and SIZE > 1:
+        codec = hpccomm.get_codec("qsgd", **options)
+        assert stats[True][1] == 4 * slot_bytes(codec, 1001 + 4 * SIZE)
+    else:
+        assert stats[True] == stats[False]
 
 
 @pytest.mark.parametrize("out_mode", OUT_MODES)
@@ -185,3 +189,98 @@ def test_only_small_calls_get_a_plan():
             reducer(rank_data(n), key=key)
     assert reducer.repeat_path("small") == planned_path("fp16")
     assert reducer.repeat_path("large") is None
+
+
+#: codecs whose packets vary in size, with options, and the repeated call's
+#: path: slots of their capacity (no counts sent first), the slot kernels
+#: where the selection is the exact top-k (dgc's sample is the whole chunk
+#: below 2 / ratio elements: here for its default ratio, 0.001, not for 0.1)
+SLOTTED = [("topk", {"ratio": 0.05}, "kernels"), ("topk", {"exact": True}, "kernels"),
+           ("dgc", {}, "kernels"), ("dgc", {"ratio": 0.1}, "plan"),
+           ("threshold", {}, "plan")]
+
+
+def slot_bytes(codec, n):
+    """Bytes this rank counts as sent per call in slots: its slots to the
+    others in the all-to-all, and the others' owner slots in the allgather
+    (the transport counts an allgather's bytes as it arrives)."""
+    from hpccomm.collectives.base import chunk_bounds
+
+    b = chunk_bounds(n, SIZE, codec.align((n,)))
+    caps = [codec.capacity_for(int(b[j + 1] - b[j]), (n,)) for j in range(SIZE)]
+    return 2 * (sum(caps) - caps[RANK])
+
+
+@pytest.mark.parametrize("codec,options,path", SLOTTED)
+@pytest.mark.parametrize("ef", [True, False])
+@pytest.mark.parametrize("check", ["always", "first"])
+def test_variable_packets_travel_in_slots_with_the_reference_bits(codec, options, path, ef,
+                                                                  check):
+    """Against ``fused=False`` (counts first, then the packets): results,
+    residuals and steps, call by call, the plan's or slot kernels' alike;
+    the bytes those of the slots."""
+    runs = {}
+    n = 1001 + 4 * SIZE
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=fused,
+                                     error_feedback=ef, check=check, **options)
+        runs[fused] = run(reducer, 5, n=n, out_mode="separate")
+        if fused:
+            assert reducer.repeat_path("g") == (None if SIZE == 1 else path)
+            if SIZE > 1:
+                assert reducer.stats.bytes_sent == 5 * slot_bytes(reducer.codec, n)
+    assert runs[True] == runs[False]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("codec,options", [("topk", {"ratio": 0.05}), ("threshold", {})])
+def test_a_rank_on_the_general_path_meets_the_others_in_slots(codec, options):
+    """Rank 0's ``out`` overlaps its input (the general path, in the same
+    slots), the others' does not (the plan): the reference's bits."""
+    got = {}
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=fused,
+                                     error_feedback=True, **options)
+        got[fused] = run(reducer, 4, n=1001 + 4 * SIZE,
+                         out_mode="overlapping" if RANK == 0 else "separate")
+    assert got[True] == got[False]
+
+
+@pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("ef", [True, False])
+def test_nan_on_one_rank_in_the_slot_kernels_is_raised_everywhere(ef):
+    """topk's slot kernels count a NaN in their encode: every rank raises
+    the same error, and the key goes on with the reference's bits."""
+    reducer = hpccomm.Allreducer(COMM, codec="topk", algorithm="twoshot", error_feedback=ef,
+                                 ratio=0.05)
+    ref = hpccomm.Allreducer(COMM, codec="topk", algorithm="twoshot", fused=False,
+                             error_feedback=ef, ratio=0.05)
+    x = rank_data(1001 + 4 * SIZE)
+    for _ in range(3):
+        assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
+    assert reducer.repeat_path("g") == "kernels"
+    bad = x.copy()
+    if RANK == SIZE - 1:
+        bad[5] = bad[-3] = np.nan
+    (name, message), same = raise_everywhere(lambda: reducer(bad, key="g"))
+    assert same and name == "NonFiniteError" and f"rank {SIZE - 1}" in message, message
+    assert raise_everywhere(lambda: ref(bad, key="g"))[0] == (name, message)
+    assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))
+
+
+def test_slots_only_where_they_are_small_and_no_larger_than_float32():
+    """A slot holds the codec's worst case: a call whose slots would take
+    more than its float32, or more than ``SLOT_BYTES``, sends its packets as
+    they are (counts first)."""
+    from hpccomm.collectives.twoshot import SLOT_BYTES
+
+    reducer = hpccomm.Allreducer(COMM, codec="adaptive", algorithm="twoshot")
+    topk = hpccomm.Allreducer(COMM, codec="topk", algorithm="twoshot")
+    large = SLOT_BYTES * 100 // 8 + 1000       # 8-byte entries of 1 %: over the limit
+    for _ in range(2):
+        reducer(rank_data(1001), key="g")
+        topk(rank_data(large), key="large")
+        topk(rank_data(large // 4), key="small")
+    assert reducer.repeat_path("g") is None
+    assert topk.repeat_path("large") is None
+    assert topk.repeat_path("small") == (None if SIZE == 1 else "kernels")

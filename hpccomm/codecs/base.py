@@ -174,6 +174,9 @@ class Codec:
     #: the summable form honours ``EncodeContext.feedback`` (False: algorithm
     #: ``summable`` refuses error feedback with this codec)
     summable_feedback: ClassVar[bool] = True
+    #: the owner step's packet may be larger than :meth:`max_wire_size`
+    #: (its codes are sums of the ranks' codes)
+    owner_grows: ClassVar[bool] = False
     #: the pieces of a chunk are encoded against a statistic of the whole
     #: chunk (see :meth:`segment_unit`)
     chunk_statistic: ClassVar[bool] = False
@@ -285,6 +288,35 @@ class Codec:
         if size is None:
             raise NotImplementedError
         return size
+
+    def capacity_for(self, n: int, shape: tuple) -> Optional[int]:
+        """Bytes that hold any packet of ``n`` elements of a tensor of
+        ``shape`` that this codec writes, in an encode or an owner step: its
+        fixed size, else :meth:`max_wire_size`; None where the codec has no
+        such bound (:attr:`owner_grows`, or none at all).  A slot of this
+        size carries a packet whose own size the header gives
+        (:meth:`packet_in_slot`)."""
+        size = self.wire_size_for(n, shape)
+        if size is not None:
+            return size
+        if self.owner_grows:
+            return None
+        try:
+            return self.max_wire_size(n)
+        except NotImplementedError:
+            return None
+
+    def packet_in_slot(self, slot: np.ndarray, n: int) -> np.ndarray:
+        """The packet of ``n`` elements at the start of ``slot`` (uint8, of
+        :meth:`capacity_for` bytes; what follows the packet is not read):
+        the first bytes its header implies, refused with a PacketError when
+        the header is not this codec's or implies more than the slot."""
+        header = self.parse_header(slot, n)
+        size = self._packet_size(slot, header)
+        if size > slot.size:
+            raise PacketError(f"{self.name}: packet of {size} bytes announced in a slot of "
+                              f"{slot.size}")
+        return slot[:size]
 
     # -- encode / decode ---------------------------------------------------
     def encode(self, x: np.ndarray, ctx: EncodeContext = EncodeContext()) -> np.ndarray:
@@ -426,12 +458,15 @@ class Codec:
         """The codec-specific uint32 of the header of a packet of ``n``."""
         return 0
 
+    def bind_header(self, packet: np.ndarray, n: int, extra: int = 0) -> None:
+        """Write the common header of a packet of ``n`` elements into ``packet``."""
+        _HEADER_STRUCT.pack_into(packet, 0, MAGIC, self.version, self.codec_id, extra, n)
+
     def bind_packet(self, packet: np.ndarray, n: int, shape: tuple):
         """Write the header of ``packet`` (of this codec's size for ``n``
         elements of a tensor of ``shape``) and return its
         ``payload_views``."""
-        _HEADER_STRUCT.pack_into(packet, 0, MAGIC, self.version, self.codec_id,
-                                 self.header_extra(n, shape), n)
+        self.bind_header(packet, n, self.header_extra(n, shape))
         return self.payload_views(packet, n, shape)
 
     def new_bound_packet(self, n: int, shape: tuple):

@@ -100,6 +100,15 @@ class DGC(PairCodec):
     def _sample_size(self, n, k):
         return dgc_sample_size(n, self.ratio, self.sample_ratio)
 
+    def exact_count(self, n):
+        """``k`` where the sample is the whole vector and its threshold the
+        ``k'``-th largest magnitude with ``k' >= k``: step 2 lowers nothing,
+        and step 3 keeps the exact top-``k``."""
+        k = self.max_count(n)
+        if dgc_sample_size(n, self.ratio, self.sample_ratio) != n:
+            return None
+        return k if min(n, max(1, math.ceil(n * self.ratio))) >= k else None
+
     def _threshold(self, sample, n, k):
         return dgc_threshold(sample, self.ratio)
 

@@ -172,6 +172,9 @@ class EbqCodec(Codec):
         return min(2.0, max(1e-5 * max(1, nranks), 2.0 * self.step))
 
     # -- sizes -------------------------------------------------------------
+    #: the owner's packet holds summed codes, wider than a worker's
+    owner_grows = True
+
     def max_wire_size(self, n):
         C = -(-n // BLOCK)
         full, last = divmod(n, BLOCK)

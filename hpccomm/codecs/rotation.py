@@ -200,6 +200,10 @@ class RotatedCodec(Codec):
     def max_wire_size(self, n):
         return PREFIX + self.inner.max_wire_size(n)
 
+    def capacity_for(self, n, shape):
+        size = self.inner.capacity_for(n, shape)
+        return None if size is None else PREFIX + size
+
     def _fields(self, header):
         """``k`` from a header's ``extra``, validated with the inner id."""
         extra = int(header["extra"])

@@ -52,6 +52,7 @@ import math
 import numpy as np
 
 from ..errors import PacketError
+from ..kernels import exact_topk as KS
 from ..kernels import sparsify as K
 from ..kernels.rng import stream_key
 from .sparsifier import (COUNT_MAX, SparseCodec, check_count, check_fraction, fraction_count,
@@ -204,6 +205,71 @@ class PairCodec(SparseCodec):
         K.subtract_at(e_out, idx, vals)
         return packet
 
+    # -- kernels on slots laid out once (twoshot's plan of a repeated small
+    # call, hpccomm.kernels.exact_topk): where the selection is exact
+    def exact_count(self, n: int):
+        """``k`` where this codec's selection of ``n`` elements is the exact
+        top-``k`` (its threshold taken from the whole vector, nothing drawn),
+        else None."""
+        raise NotImplementedError
+
+    #: what the slot kernels do in place of the codec's own steps
+    SLOT_STANDS_FOR = ("encode_with_feedback", "owner_step", "_decode_into", "_pairs",
+                       "_select_compensated", "_sample_size", "_threshold", "_finish",
+                       "max_count")
+
+    def slot_count(self, n: int):
+        """:meth:`exact_count`, where the slot kernels stand for this codec's
+        own steps: None for a subclass that overrides one of
+        :data:`SLOT_STANDS_FOR` below the class that says the selection is
+        exact (its own steps then run)."""
+        cls = type(self)
+        base = next(c for c in cls.__mro__ if "exact_count" in c.__dict__)
+        if any(getattr(cls, name) is not getattr(base, name) for name in self.SLOT_STANDS_FOR):
+            return None
+        return self.exact_count(n)
+
+    def slot_views(self, slot: np.ndarray, n: int):
+        """What the slot kernels take of ``slot`` (of :meth:`capacity_for`
+        bytes for ``n`` elements), its header written but for the count:
+        ``(slot, payload as int32, as float32, k, scratch)``."""
+        k = self.max_count(n)
+        self.bind_header(slot, n)
+        return (slot, slot[HEADER_SIZE:].view(np.int32), slot[HEADER_SIZE:].view(np.float32),
+                k, np.empty(n, np.float32))
+
+    @staticmethod
+    def row_views(slots: np.ndarray):
+        """Received slots (rows of one uint8 array, or one slot) as int32
+        and float32 words, header included."""
+        return slots.view(np.int32), slots.view(np.float32)
+
+    @staticmethod
+    def encode_slot(views, x, e, e_out):
+        """``encode_with_feedback`` of ``x`` into the slot of ``views``, where
+        :meth:`exact_count` applies; returns the NaN/Inf count (the slot
+        then not written)."""
+        slot, wi, wf, k, mags = views
+        return KS.encode_slot(x, x if e is None else e, e is not None, e_out, k, mags, slot,
+                              wi, wf)
+
+    @staticmethod
+    def owner_slot(rows, k_in, e, e_out, out, views):
+        """:meth:`owner_step` from the received slots ``rows``
+        (:meth:`row_views`, at most ``k_in`` entries each) into the slot of
+        ``views``: 0, or :data:`~hpccomm.kernels.exact_topk.BAD_PACKET`, or
+        the NaN/Inf count (nothing sent written)."""
+        slot, wi, wf, k, mags = views
+        return KS.owner_slot(rows[0], rows[1], k_in, out if e is None else e, e is not None,
+                             out if e_out is None else e_out, e_out is not None, out, k, mags,
+                             slot, wi, wf)
+
+    @staticmethod
+    def decode_slot(row, k, out) -> bool:
+        """``decode`` of a received slot (:meth:`row_views`) of at most ``k``
+        entries into ``out``; False (nothing written) when not valid."""
+        return KS.decode_slot(row[0], row[1], k, out)
+
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot``: every received packet validated
         (header, size, indices) before anything is written; their pairs
@@ -250,6 +316,10 @@ class TopK(PairCodec):
 
     def _sample_size(self, n, k):
         return n if k == n else self.sample_size(n)
+
+    def exact_count(self, n):
+        k = self.max_count(n)
+        return k if self._sample_size(n, k) == n else None
 
     def _threshold(self, sample, n, k):
         if k == n:     # every non-zero passes

@@ -285,7 +285,11 @@ class FixedExchange:
     on this path and one on Transport's enter the same collectives; only
     where those apply (:meth:`fits`).  The received packets are valid until
     the next exchange.  The buffers stay as long as the plan: it is for
-    small calls (:data:`hpccomm.collectives.twoshot.PLAN_BYTES`)."""
+    small calls (:data:`hpccomm.collectives.twoshot.PLAN_BYTES`).
+
+    The sizes may be capacities (slots): a shorter packet goes out at the
+    start of its slot, the bytes after it as they are, and the receiver
+    finds its end in its header."""
 
     def __init__(self, comm: MPI.Comm, send_sizes: Sequence[int], recv_sizes: Sequence[int],
                  gather_sizes: Sequence[int]):
@@ -308,6 +312,8 @@ class FixedExchange:
         self._a2a_bytes = (sum(self.send_counts) - self.send_counts[r],
                            sum(self.recv_counts) - self.recv_counts[r])
         self._gather_bytes = sum(self.gather_counts) - self.gather_counts[r]
+        #: this rank's allgather slot, for a packet shorter than it
+        self._gather_slot = np.zeros(self.gather_counts[r], np.uint8)
 
     @staticmethod
     def fits() -> bool:
@@ -322,12 +328,14 @@ class FixedExchange:
         return [self.sendbuf[lo:hi] for lo, hi in self._send_at]
 
     def alltoallv(self, packets: Optional[Sequence[np.ndarray]], call: CallStats) -> "Received":
-        """``packets[j]`` (of the fixed sizes) to rank ``j`` -- or, for None,
-        what the :meth:`send_slots` hold; the packets received."""
+        """``packets[j]`` (of at most the fixed sizes) to rank ``j`` -- or,
+        for None, what the :meth:`send_slots` hold; the packets received."""
         t0 = time.perf_counter()
         if packets is not None:
             for (lo, hi), p in zip(self._send_at, packets):
-                self.sendbuf[lo:hi] = p
+                if p.size > hi - lo:
+                    raise ValueError(f"a packet of {p.size} bytes for a slot of {hi - lo}")
+                self.sendbuf[lo:lo + p.size] = p
         if _interval() is None:
             self.comm.Alltoallv(*self._a2a)
         else:
@@ -338,9 +346,15 @@ class FixedExchange:
         return self.received
 
     def allgatherv(self, packet: np.ndarray, call: CallStats) -> "Received":
-        """This rank's ``packet`` (of its fixed size) to every rank; every
-        rank's, by source."""
+        """This rank's ``packet`` (of at most its fixed size) to every rank;
+        every rank's, by source."""
         t0 = time.perf_counter()
+        if packet.size != self.gather_counts[self.rank]:
+            slot = self._gather_slot
+            if packet.size > slot.size:
+                raise ValueError(f"a packet of {packet.size} bytes for a slot of {slot.size}")
+            slot[:packet.size] = packet
+            packet = slot
         send = [packet, MPI.BYTE]
         if _interval() is None:
             self.comm.Allgatherv(send, self._gather_recv)

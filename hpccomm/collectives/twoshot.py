@@ -50,14 +50,22 @@ calls keep the reducer's separate NaN/Inf scan (nothing may be sent before
 every rank has checked its input, and the pipeline sends before the encode
 is done).
 
+Small packets of varying size (sparsifiers, Elias ``qsgd``) travel in slots
+(:meth:`TwoShot._slot_exchange`): each at the start of a slot of the codec's
+capacity for its chunk, its size in its header, where the slots of a call
+take at most :data:`SLOT_BYTES` and no more than its float32 -- the fused
+call then sends no counts first, and its transfers have fixed sizes.
+
 Repeated small calls (:meth:`TwoShot.repeat_plan`).  A key whose call sent
-fixed-size packets of at most :data:`PLAN_BYTES` in one segment keeps a
-:class:`TwoShotPlan`: the chunk plan, a transport and both transfers' buffers,
-counts and MPI arguments, made once; its next calls run the same steps 2-5
-(:meth:`TwoShot._fused_exchange`) through them, with the same collectives --
-or, for a codec with kernels on laid-out packets (onebit, fp16, bf16,
-terngrad, fixed-width qsgd), only those kernels on packets laid out when the
-plan is made.
+fixed-size packets of at most :data:`PLAN_BYTES`, or slots, in one segment
+keeps a :class:`TwoShotPlan`: the chunk plan, a transport and both
+transfers' buffers, counts and MPI arguments, made once; its next calls run
+the same steps 2-5 (:meth:`TwoShot._fused_exchange`) through them, with the
+same collectives -- or, for a codec with kernels on laid-out packets
+(onebit, fp16, bf16, terngrad, fixed-width qsgd), only those kernels on
+packets laid out when the plan is made; and for ``topk`` and ``dgc`` where
+their selection is the exact top-k, their slot kernels
+(:mod:`hpccomm.kernels.exact_topk`).
 """
 
 import time
@@ -66,9 +74,10 @@ from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ..codecs.base import HEADER_SIZE, Draw
+from ..codecs.base import HEADER_SIZE, Draw, EncodeContext
 from ..communicators import spans_one_node
 from ..errors import PacketError
+from ..kernels.exact_topk import BAD_PACKET
 from ..stats import CallStats
 from .base import (Algorithm, Contribution, ReduceContext, RepeatPlan, chunk_bounds,
                    input_error, register_algorithm)
@@ -86,6 +95,11 @@ IN_PLACE_BYTES = 1 << 20
 #: the key, and above it the per-call Python the plan saves is small next to
 #: the kernels
 PLAN_BYTES = 64 << 10
+#: packets whose size varies travel in slots of their capacity where the
+#: slots of a call take at most this many bytes (:meth:`TwoShot._slot_exchange`):
+#: what a slot sends beyond its packet then costs about as much as the
+#: exchange of counts it saves, two latencies, on a 1 Gbit/s link (8 KiB: 66 us)
+SLOT_BYTES = 8 << 10
 
 
 @register_algorithm
@@ -137,6 +151,43 @@ class TwoShot(Algorithm):
             fixed = None if None in fixed else fixed
             plan = state.cache[key] = (bounds, fixed, [fixed[r]] * P if fixed else None)
         return plan
+
+    def _slot_exchange(self, comm, n, shape, state) -> Optional[FixedExchange]:
+        """For a codec whose packets vary in size, the transfers of a call
+        of ``n`` elements in slots: every chunk's packet in a slot of the
+        codec's capacity for it (:meth:`~hpccomm.codecs.base.Codec.capacity_for`),
+        so that no counts travel first, where the slots together take at
+        most :data:`SLOT_BYTES` and no more than the call's float32 (a slot
+        holds the codec's worst case, and a compressed call should not send
+        more than the plain one); made once per key.  None otherwise: fixed
+        sizes, larger slots, no bound, or a library whose transport
+        :class:`FixedExchange` does not match."""
+        key = ("twoshot-slots", n, tuple(shape))
+        exchange = state.cache.get(key, False)
+        if exchange is False or (exchange is not None and exchange.comm is not comm):
+            exchange = None
+            bounds, fixed, _ = self._plan(n, shape, state)
+            if fixed is None and FixedExchange.fits():
+                slots = [self.codec.capacity_for(hi - lo, shape)
+                         for lo, hi in zip(bounds[:-1], bounds[1:])]
+                if None not in slots and sum(slots) <= min(SLOT_BYTES, 4 * n):
+                    exchange = FixedExchange(comm, slots, [slots[self.rank]] * self.size, slots)
+            state.cache[key] = exchange
+        return exchange
+
+    def _fixed_transfers(self, exchange: FixedExchange, call, bounds, slotted: bool):
+        """``(alltoallv(packets), allgatherv(packet))`` through ``exchange``,
+        accounted in ``call``; for slots (``slotted``), the packets received
+        are cut from their slots (:meth:`~hpccomm.codecs.base.Codec.packet_in_slot`)."""
+        if not slotted:
+            return (lambda packets: exchange.alltoallv(packets, call),
+                    lambda packet: exchange.allgatherv(packet, call))
+        in_slot = self.codec.packet_in_slot
+        m = bounds[self.rank + 1] - bounds[self.rank]
+        sizes = [hi - lo for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return (lambda packets: [in_slot(slot, m) for slot in exchange.alltoallv(packets, call)],
+                lambda packet: [in_slot(slot, size) for slot, size
+                                in zip(exchange.allgatherv(packet, call), sizes)])
 
     def chunk_plan(self, n: int, shape: tuple, state) -> Tuple[List[int], Optional[List[int]]]:
         """Step 1's chunk bounds (``P + 1``) and the chunks' fixed packet sizes
@@ -193,6 +244,11 @@ class TwoShot(Algorithm):
             return
         bounds, fixed, recv_sizes = self._plan(n, ctx.shape, state)
         in_place = fixed is not None and sum(fixed) > IN_PLACE_BYTES
+        slots = fused_owner and self._slot_exchange(net.comm, n, ctx.shape, state)
+        if slots:
+            self._fused_exchange(work, out, state, ctx, bounds,
+                                 *self._fixed_transfers(slots, call, bounds, True))
+            return
         if fused_owner:
             self._fused_exchange(
                 work, out, state, ctx, bounds,
@@ -243,8 +299,9 @@ class TwoShot(Algorithm):
 
     def repeat_plan(self, comm, n, shape, state, memory, deferred):
         """A :class:`TwoShotPlan` where the general path sends fixed-size
-        packets of at most :data:`PLAN_BYTES` in one segment through the
-        codec's owner step, without derived datatypes; else None."""
+        packets, or slots (:meth:`_slot_exchange`), of at most
+        :data:`PLAN_BYTES` in one segment through the codec's owner step,
+        without derived datatypes; else None."""
         codec = self.codec
         owner = memory.owner
         if (self.size == 1 or getattr(codec, "owner_step", None) is None
@@ -253,7 +310,11 @@ class TwoShot(Algorithm):
                 or not FixedExchange.fits()):
             return None
         bounds, fixed, recv_sizes = self._plan(n, shape, state)
-        if fixed is None or sum(fixed) > PLAN_BYTES:
+        if fixed is None:
+            slots = self._slot_exchange(comm, n, shape, state)
+            return None if slots is None else TwoShotPlan(self, bounds, slots, shape, memory,
+                                                          slotted=True)
+        if sum(fixed) > PLAN_BYTES:
             return None
         return TwoShotPlan(self, bounds, FixedExchange(comm, fixed, recv_sizes, fixed), shape,
                            memory)
@@ -415,12 +476,16 @@ class TwoShotPlan(RepeatPlan):
     collectives and statistics are those of the general path."""
 
     def __init__(self, algorithm: TwoShot, bounds, exchange: FixedExchange, shape: tuple,
-                 memory):
+                 memory, slotted: bool = False):
         self.algorithm = algorithm
         self.bounds = bounds
         self.exchange = exchange
-        self.laid_out = self._lay_out(algorithm.codec, bounds, exchange, shape, memory)
-        if self.laid_out is not None:
+        self.slotted = slotted
+        self.laid_out = (None if slotted else
+                         self._lay_out(algorithm.codec, bounds, exchange, shape, memory))
+        self.slots = (self._lay_out_slots(algorithm.codec, bounds, exchange, shape, memory)
+                      if slotted else None)
+        if self.laid_out is not None or self.slots is not None:
             self.kind = "kernels"
         else:       # the general path's steps need a transport
             self.net = Transport(exchange.comm, CallStats())
@@ -457,9 +522,46 @@ class TwoShotPlan(RepeatPlan):
                 _Headers(codec, shape, exchange.gathered, others,
                          [chunks[j][1] - chunks[j][0] for j in others]))
 
+    @staticmethod
+    def _lay_out_slots(codec, bounds, exchange, shape, memory):
+        """The slots of :meth:`_reduce_slots`, or None where it does not
+        apply (a codec without slot kernels, or whose selection is not the
+        exact top-k for some chunk; ``nonfinite="propagate"``; a memory that
+        is not a plain residual): per chunk ``(lo, hi, send slot views)``,
+        the owner's slot and views, the received rows and their bound, per
+        other chunk ``(source, lo, hi, row, bound)``, and both header
+        checks."""
+        exact = getattr(codec, "slot_count", None)
+        if (exact is None or codec.nonfinite != "raise"
+                or (memory.enabled and not memory.fusable)):
+            return None
+        r = exchange.rank
+        chunks = list(zip(bounds[:-1], bounds[1:]))
+        ks = [exact(hi - lo) for lo, hi in chunks]
+        if None in ks:
+            return None
+        m = bounds[r + 1] - bounds[r]
+        received = exchange.received
+        rows = received.buffer.reshape(len(chunks), -1)
+        owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
+        others = [j for j in range(len(chunks)) if j != r]
+        return ([(lo, hi, codec.slot_views(p, hi - lo))
+                 for (lo, hi), p in zip(chunks, exchange.send_slots())],
+                owner_packet, codec.slot_views(owner_packet, m),
+                codec.row_views(rows), ks[r],
+                [(j, lo, hi, codec.row_views(exchange.gathered[j]), ks[j])
+                 for j, (lo, hi) in enumerate(chunks) if j != r],
+                _Headers(codec, shape, received, range(len(chunks)), [m] * len(chunks),
+                         slotted=True),
+                _Headers(codec, shape, exchange.gathered, others,
+                         [chunks[j][1] - chunks[j][0] for j in others], slotted=True))
+
     def reduce(self, x, out, state, call, seed, shape, memory, finite, agree):
         if self.laid_out is not None:
             self._reduce_laid_out(x, out, state, call, seed, memory, agree)
+            return
+        if self.slots is not None:
+            self._reduce_slots(x, out, state, call, memory, agree)
             return
         alg, net, exchange = self.algorithm, self.net, self.exchange
         net.call = call    # the transport is this plan's; its accounting is the call's
@@ -467,8 +569,7 @@ class TwoShotPlan(RepeatPlan):
                             finite=finite, agree=agree)
         work = Contribution(alg.codec, memory, state, x, alg.scratch, alg.fuses_feedback, finite)
         alg._fused_exchange(work, out, state, ctx, self.bounds,
-                            lambda packets: exchange.alltoallv(packets, call),
-                            lambda packet: exchange.allgatherv(packet, call))
+                            *alg._fixed_transfers(exchange, call, self.bounds, self.slotted))
         work.commit(call)
 
     def _reduce_laid_out(self, x, out, state, call, seed, memory, agree):
@@ -526,6 +627,67 @@ class TwoShotPlan(RepeatPlan):
         call.t_decode += time.perf_counter() - t3
 
 
+    def _reduce_slots(self, x, out, state, call, memory, agree):
+        """Steps 1-5 of :meth:`_reduce_laid_out` for a codec whose packets
+        vary in size, in slots laid out once (the count in each header):
+        the codec's slot kernels where its selection is the exact top-k
+        (``topk``, ``dgc``; :mod:`hpccomm.kernels.exact_topk`).  A packet a
+        kernel refuses goes to the general path's step on the same bytes,
+        which raises its error."""
+        codec, exchange, r = self.algorithm.codec, self.exchange, self.exchange.rank
+        sends, owner_packet, owner_views, rows, k_in, gathered, rheads, gheads = self.slots
+        t0 = time.perf_counter()
+        # 1. the encodes and the deferred check
+        if memory.enabled:
+            e, e_out = memory.fused_buffers(state, "worker", x.size)
+        else:       # the worker residual is not kept
+            e, e_out = None, self.algorithm.scratch("e_out", x.size)
+        err = None
+        for lo, hi, views in sends:
+            bad = codec.encode_slot(views, x[lo:hi], None if e is None else e[lo:hi],
+                                    e_out[lo:hi])
+            if bad:
+                err = codec.nonfinite_error(bad)
+                break
+        if agree is not None:
+            agree(None if err is None else input_error(err, x, codec.name))
+        elif err is not None:
+            raise err
+        t1 = time.perf_counter()
+        call.t_encode += t1 - t0
+        # 2. the all-to-all
+        exchange.alltoallv(None, call)
+        # 3. the owner step
+        t2 = time.perf_counter()
+        rheads.check()
+        lo, hi = self.bounds[r], self.bounds[r + 1]
+        owner = memory.owner
+        eo, eo_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
+                      else (None, None))
+        status = codec.owner_slot(rows, k_in, eo, eo_out, out[lo:hi], owner_views)
+        if status == BAD_PACKET:
+            codec.owner_step([codec.packet_in_slot(p, hi - lo) for p in exchange.received],
+                             eo, eo_out, out[lo:hi], EncodeContext())
+            raise PacketError(f"{codec.name}: a packet received was refused")
+        if status:
+            raise codec.nonfinite_error(status)
+        call.t_encode += time.perf_counter() - t2
+        # 4. the allgather
+        exchange.allgatherv(owner_packet, call)
+        # 5. the other chunks decoded, the residuals committed
+        t3 = time.perf_counter()
+        gheads.check()
+        for j, lo, hi, row, k in gathered:
+            if not codec.decode_slot(row, k, out[lo:hi]):
+                codec.decode(codec.packet_in_slot(exchange.gathered[j], hi - lo), out[lo:hi])
+                raise PacketError(f"{codec.name}: the packet from rank {j} was refused")
+        if owner.enabled:
+            owner.commit_fused(state, "owner")
+        if memory.enabled:
+            memory.commit_fused(state, "worker")
+        call.t_decode += time.perf_counter() - t3
+
+
 class _Headers:
     """The headers a plan expects of the packets ``sources`` of a receive
     buffer (``packets``: a :class:`~hpccomm.collectives.transport.Received`),
@@ -533,17 +695,25 @@ class _Headers:
     gather and one comparison, and refuses a mismatch as the codec's header
     check does (:class:`~hpccomm.errors.PacketError`)."""
 
-    def __init__(self, codec, shape, packets, sources, counts):
+    def __init__(self, codec, shape, packets, sources, counts, slotted=False):
         self.codec, self.packets = codec, packets
         self.sources, self.counts = list(sources), list(counts)
+        #: slots: the count (``extra``, bytes 4-7) varies and is not compared
+        self.slotted = slotted
+        fields = np.arange(HEADER_SIZE, dtype=np.intp)
+        if slotted:
+            fields = fields[(fields < 4) | (fields >= 8)]
+        self.fields = fields
         starts = [packets[j].ctypes.data - packets.buffer.ctypes.data for j in self.sources]
-        self.index = (np.asarray(starts, np.intp)[:, None]
-                      + np.arange(HEADER_SIZE, dtype=np.intp)).reshape(-1)
+        self.index = (np.asarray(starts, np.intp)[:, None] + fields).reshape(-1)
         expected = []
         for j, n in zip(self.sources, self.counts):
             packet = np.zeros(packets[j].size, np.uint8)
-            codec.bind_packet(packet, n, shape)
-            expected.append(packet[:HEADER_SIZE])
+            if slotted:
+                codec.bind_header(packet, n)
+            else:
+                codec.bind_packet(packet, n, shape)
+            expected.append(packet[fields])
         self.expected = (np.concatenate(expected) if expected
                          else np.zeros(0, np.uint8))
         self.expected_bytes = self.expected.tobytes()
@@ -552,11 +722,13 @@ class _Headers:
         # bytes, not np.array_equal: 0.2 against 1.8 us, twice per call
         if self.packets.buffer[self.index].tobytes() == self.expected_bytes:
             return
+        width = self.fields.size
         for i, (j, n) in enumerate(zip(self.sources, self.counts)):
             packet = self.packets[j]
-            self.codec.check_header(packet, n)      # raises for what it can name
-            want = self.expected[i * HEADER_SIZE:(i + 1) * HEADER_SIZE]
-            if not np.array_equal(packet[:HEADER_SIZE], want):
+            # raises for what it can name
+            (self.codec.packet_in_slot if self.slotted else self.codec.check_header)(packet, n)
+            want = self.expected[i * width:(i + 1) * width]
+            if not np.array_equal(packet[self.fields], want):
                 raise PacketError(f"{self.codec.name}: the packet from rank {j} has the "
                                   f"header {packet[:HEADER_SIZE].tobytes().hex()}, this "
                                   f"call's is {want.tobytes().hex()}")
