@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm.codecs.base import HEADER_SIZE, EncodeContext
+from hpccomm.codecs.base import HEADER_SIZE
 from hpccomm.kernels.exact_topk import BAD_PACKET
+
+from .slot_checks import check_encode, check_owner, slot_for
 
 SIZES = [1, 2, 7, 63, 512, 1001, 4095]
 CODECS = [("topk", {}), ("topk", {"ratio": 0.3}), ("topk", {"ratio": 1.0}),
@@ -33,15 +35,6 @@ def vector(rng, n, kind):
     return x
 
 
-def slot_for(codec, n):
-    slot = np.full(codec.capacity_for(n, (n,)), 0xEE, np.uint8)     # stale bytes after a packet
-    return slot, codec.slot_views(slot, n)
-
-
-def bits(a):
-    return a.view(np.uint32).tobytes()
-
-
 def cases():
     for name, options in CODECS:
         for n in SIZES:
@@ -58,14 +51,7 @@ def test_encode_slot_is_encode_with_feedback(name, options, n, kind, feedback):
     rng = np.random.default_rng(n)
     x = vector(rng, n, kind)
     e = vector(rng, n, kind) * np.float32(0.5) if feedback else None
-    want_e = np.empty(n, np.float32)
-    want = codec.encode_with_feedback(x, e, want_e, EncodeContext())
-    slot, views = slot_for(codec, n)
-    got_e = np.empty(n, np.float32)
-    assert codec.encode_slot(views, x, e, got_e) == 0
-    packet = codec.packet_in_slot(slot, n)
-    assert packet.tobytes() == want.tobytes()
-    assert bits(got_e) == bits(want_e)
+    check_encode(codec, x, e)
 
 
 @pytest.mark.parametrize("name,options,n", list(cases()))
@@ -78,29 +64,8 @@ def test_owner_slot_is_owner_step(name, options, n, kind, memory, P):
     packet, its slice of ``out`` and its residual."""
     codec = codec_of(name, options)
     rng = np.random.default_rng(n + 7 * P)
-    k = codec.exact_count(n)
-    cap = codec.capacity_for(n, (n,))
-    rows = np.full((P, cap), 0xEE, np.uint8)
-    packets = []
-    for j in range(P):
-        packet = codec.encode(vector(rng, n, kind), EncodeContext(rank=j))
-        rows[j, :packet.size] = packet
-        packets.append(packet)
-    e = vector(rng, n, kind) if memory == "residual" else None
-    want_e = None if memory == "none" else np.empty(n, np.float32)
-    want_out = np.empty(n, np.float32)
-    want = codec.owner_step(packets, e, want_e, want_out, EncodeContext())
-    slot, views = slot_for(codec, n)
-    got_e = None if memory == "none" else np.empty(n, np.float32)
-    got_out = np.full(n, np.nan, np.float32)
-    assert codec.owner_slot(codec.row_views(rows), k, e, got_e, got_out, views) == 0
-    assert codec.packet_in_slot(slot, n).tobytes() == want.tobytes()
-    assert bits(got_out) == bits(want_out)
-    if want_e is not None:
-        assert bits(got_e) == bits(want_e)
-    dec = np.full(n, np.nan, np.float32)
-    assert codec.decode_slot(codec.row_views(slot), k, dec)
-    assert bits(dec) == bits(codec.decode(want, np.empty(n, np.float32)))
+    inputs = [vector(rng, n, kind) for _ in range(P)]
+    check_owner(codec, inputs, vector(rng, n, kind) if memory == "residual" else None, memory)
 
 
 @pytest.mark.parametrize("name", ["topk", "dgc"])

@@ -193,11 +193,12 @@ def test_only_small_calls_get_a_plan():
 
 #: codecs whose packets vary in size, with options, and the repeated call's
 #: path: slots of their capacity (no counts sent first), the slot kernels
-#: where the selection is the exact top-k (dgc's sample is the whole chunk
-#: below 2 / ratio elements: here for its default ratio, 0.001, not for 0.1)
+#: where they apply (topk's and dgc's where the selection is the exact top-k:
+#: dgc's sample is the whole chunk below 2 / ratio elements, here for its
+#: default ratio, 0.001, not for 0.1; threshold's below 65536 elements)
 SLOTTED = [("topk", {"ratio": 0.05}, "kernels"), ("topk", {"exact": True}, "kernels"),
            ("dgc", {}, "kernels"), ("dgc", {"ratio": 0.1}, "plan"),
-           ("threshold", {}, "plan")]
+           ("threshold", {}, "kernels"), ("threshold", {"tau": 0.5, "max_ratio": 0.05}, "kernels")]
 
 
 def slot_bytes(codec, n):
@@ -247,14 +248,15 @@ def test_a_rank_on_the_general_path_meets_the_others_in_slots(codec, options):
 
 
 @pytest.mark.mpi(min_size=2)
+@pytest.mark.parametrize("codec,options", [("topk", {"ratio": 0.05}), ("threshold", {})])
 @pytest.mark.parametrize("ef", [True, False])
-def test_nan_on_one_rank_in_the_slot_kernels_is_raised_everywhere(ef):
-    """topk's slot kernels count a NaN in their encode: every rank raises
-    the same error, and the key goes on with the reference's bits."""
-    reducer = hpccomm.Allreducer(COMM, codec="topk", algorithm="twoshot", error_feedback=ef,
-                                 ratio=0.05)
-    ref = hpccomm.Allreducer(COMM, codec="topk", algorithm="twoshot", fused=False,
-                             error_feedback=ef, ratio=0.05)
+def test_nan_on_one_rank_in_the_slot_kernels_is_raised_everywhere(codec, options, ef):
+    """The slot kernels count a NaN in their encode: every rank raises the
+    same error, and the key goes on with the reference's bits."""
+    reducer = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", error_feedback=ef,
+                                 **options)
+    ref = hpccomm.Allreducer(COMM, codec=codec, algorithm="twoshot", fused=False,
+                             error_feedback=ef, **options)
     x = rank_data(1001 + 4 * SIZE)
     for _ in range(3):
         assert digest(reducer(x, key="g")) == digest(ref(x, key="g"))

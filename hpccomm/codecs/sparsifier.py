@@ -85,3 +85,23 @@ class SparseCodec(Codec):
 
     def _pairs(self, x: np.ndarray, ctx: EncodeContext) -> Tuple[np.ndarray, np.ndarray]:
         raise NotImplementedError
+
+    # -- kernels on slots laid out once (twoshot's plan of a repeated small
+    # call): a codec that has them names the method that says where they
+    # apply (SLOT_RULE) and the steps they stand for (SLOT_STANDS_FOR), and
+    # offers slot_views, row_views, encode_slot, owner_slot and decode_slot
+    SLOT_RULE = ""
+    SLOT_STANDS_FOR: Tuple[str, ...] = ()
+
+    def slot_count(self, n: int):
+        """The entries a slot of ``n`` elements holds where this codec's
+        slot kernels apply (its :attr:`SLOT_RULE`), else None -- also for a
+        subclass that overrides one of :attr:`SLOT_STANDS_FOR` below the
+        class that gives the rule (its own steps then run)."""
+        if not self.SLOT_RULE:
+            return None
+        cls = type(self)
+        base = next(c for c in cls.__mro__ if self.SLOT_RULE in c.__dict__)
+        if any(getattr(cls, name) is not getattr(base, name) for name in self.SLOT_STANDS_FOR):
+            return None
+        return getattr(self, self.SLOT_RULE)(n)

@@ -70,6 +70,7 @@ import numpy as np
 
 from ..errors import PacketError
 from ..kernels import sparsify as K
+from ..kernels import threshold_slots as KT
 from .sparsifier import (COUNT_MAX, WIDE_N, SparseCodec, check_count, check_fraction,
                       fraction_count, index_dtype, payload_view)
 from .base import HEADER_SIZE, register_codec
@@ -228,6 +229,59 @@ class Threshold(SparseCodec):
         out[:] = 0      # decode(packet): its words are the ones just packed
         K.scatter_sign_words(packet[PREFIX:].view(word_dtype(out.size)), tau, out, False)
         return packet
+
+    # -- kernels on slots laid out once (hpccomm.kernels.threshold_slots) ------
+    SLOT_STANDS_FOR = ("encode_with_feedback", "owner_step", "_decode_into", "_words",
+                       "_pairs", "_select", "_threshold", "_feedback_packet", "_packet",
+                       "max_count")
+    SLOT_RULE = "slot_entries"
+
+    def slot_entries(self, n: int):
+        """The capacity (words) of a slot of ``n`` elements where the slot
+        kernels apply: one block's sum of squares, 32-bit words."""
+        return self.max_count(n) if n <= K.BLOCK else None
+
+    def slot_views(self, slot: np.ndarray, n: int):
+        """What the slot kernels take of ``slot`` (of :meth:`capacity_for`
+        bytes for ``n`` elements), its header and padding written:
+        ``(slot, tau as float32, words as uint32, capacity, scratch)``."""
+        self.bind_header(slot, n)
+        slot[HEADER_SIZE:PREFIX] = 0
+        return (slot, slot[HEADER_SIZE:HEADER_SIZE + 4].view(np.float32),
+                slot[PREFIX:].view(np.uint32), self.max_count(n), np.empty(n, np.float32))
+
+    @staticmethod
+    def row_views(slots: np.ndarray):
+        """Received slots (rows of one uint8 array, or one slot) as uint32
+        and float32 words, header included."""
+        return slots.view(np.uint32), slots.view(np.float32)
+
+    def _tau_args(self):
+        return (np.float32(self.tau) if self.tau is not None else np.float32(0.0),
+                0.0 if self.alpha is None else self.alpha)
+
+    def encode_slot(self, views, x, e, e_out):
+        """``encode_with_feedback`` of ``x`` into the slot of ``views``;
+        returns the NaN/Inf count (the slot then not written)."""
+        slot, tau_view, words, cap, mags = views
+        return KT.encode_slot(x, x if e is None else e, e is not None, e_out, *self._tau_args(),
+                              cap, mags, slot, tau_view, words)
+
+    def owner_slot(self, rows, cap_in, e, e_out, out, views):
+        """:meth:`owner_step` from the received slots ``rows``
+        (:meth:`row_views`, at most ``cap_in`` words each) into the slot of
+        ``views``: 0, or :data:`~hpccomm.kernels.threshold_slots.BAD_PACKET`,
+        or the NaN/Inf count (nothing sent written)."""
+        slot, tau_view, words, cap, mags = views
+        return KT.owner_slot(rows[0], rows[1], cap_in, out if e is None else e, e is not None,
+                             out if e_out is None else e_out, e_out is not None, out,
+                             *self._tau_args(), cap, mags, slot, tau_view, words)
+
+    @staticmethod
+    def decode_slot(row, cap, out) -> bool:
+        """``decode`` of a received slot (:meth:`row_views`) of at most
+        ``cap`` words into ``out``; False (nothing written) when not valid."""
+        return KT.decode_slot(row[0], row[1], cap, out)
 
     # -- decode ----------------------------------------------------------------
     def _words(self, packet, header):

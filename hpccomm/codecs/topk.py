@@ -217,17 +217,7 @@ class PairCodec(SparseCodec):
     SLOT_STANDS_FOR = ("encode_with_feedback", "owner_step", "_decode_into", "_pairs",
                        "_select_compensated", "_sample_size", "_threshold", "_finish",
                        "max_count")
-
-    def slot_count(self, n: int):
-        """:meth:`exact_count`, where the slot kernels stand for this codec's
-        own steps: None for a subclass that overrides one of
-        :data:`SLOT_STANDS_FOR` below the class that says the selection is
-        exact (its own steps then run)."""
-        cls = type(self)
-        base = next(c for c in cls.__mro__ if "exact_count" in c.__dict__)
-        if any(getattr(cls, name) is not getattr(base, name) for name in self.SLOT_STANDS_FOR):
-            return None
-        return self.exact_count(n)
+    SLOT_RULE = "exact_count"
 
     def slot_views(self, slot: np.ndarray, n: int):
         """What the slot kernels take of ``slot`` (of :meth:`capacity_for`

@@ -20,28 +20,10 @@ running the general path's step on the same bytes).
 import numpy as np
 from numba import njit
 
+from .slots import BAD_PACKET, count_nonfinite, owner_sum, put_count
 from .sparsify import _kth_largest_inplace
 
-#: a received packet announces more entries than its slot holds, or indices
-#: that are not strictly increasing inside the chunk
-BAD_PACKET = -1
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _put_count(slot, c):
-    """The header's ``extra`` (little-endian uint32) of ``slot``."""
-    slot[4] = np.uint8(c & 0xFF)
-    slot[5] = np.uint8((c >> 8) & 0xFF)
-    slot[6] = np.uint8((c >> 16) & 0xFF)
-    slot[7] = np.uint8((c >> 24) & 0xFF)
-
-
-@njit(cache=True, nogil=True)
-def _count_nonfinite(v):
-    bad = 0
-    for i in range(v.size):
-        bad += not np.isfinite(v[i])
-    return bad
+__all__ = ["BAD_PACKET", "encode_slot", "owner_slot", "decode_slot"]
 
 
 @njit(cache=True, nogil=True)
@@ -69,7 +51,7 @@ def _top_into(v, k, mags, slot, words_i, words_f):
             words_i[o] = i
             words_f[c + o] = v[i]
             o += 1
-    _put_count(slot, c)
+    put_count(slot, c)
     return c
 
 
@@ -80,7 +62,7 @@ def encode_slot(x, e, has_e, e_out, k, mags, slot, words_i, words_f):
     of ``v`` (the slot then not written)."""
     for i in range(x.size):
         e_out[i] = x[i] + e[i] if has_e else x[i]
-    bad = _count_nonfinite(e_out)
+    bad = count_nonfinite(e_out)
     if bad:
         return bad
     c = _top_into(e_out, k, mags, slot, words_i, words_f)
@@ -122,12 +104,7 @@ def owner_slot(rows_i, rows_f, k_in, e, has_e, e_out, has_e_out, out, k, mags, s
         c = rows_i[j, 1]
         for o in range(c):
             out[rows_i[j, 4 + o]] += rows_f[j, 4 + c + o]
-    v = out
-    if has_e_out:
-        for i in range(m):
-            e_out[i] = out[i] + e[i] if has_e else out[i]
-        v = e_out
-    bad = _count_nonfinite(v)
+    v, bad = owner_sum(out, e, has_e, e_out, has_e_out)
     if bad:
         return bad
     c = _top_into(v, k, mags, slot, words_i, words_f)
