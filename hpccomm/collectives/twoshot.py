@@ -64,8 +64,8 @@ the same steps 2-5 (:meth:`TwoShot._fused_exchange`) through them, with the
 same collectives -- or, for a codec with kernels on laid-out packets
 (onebit, fp16, bf16, terngrad, fixed-width qsgd), only those kernels on
 packets laid out when the plan is made; and for ``topk`` and ``dgc`` where
-their selection is the exact top-k, their slot kernels
-(:mod:`hpccomm.kernels.exact_topk`).
+their selection is the exact top-k, and ``threshold``, their slot kernels
+(:mod:`hpccomm.kernels.exact_topk`, :mod:`hpccomm.kernels.threshold_slots`).
 """
 
 import time
@@ -77,7 +77,7 @@ import numpy as np
 from ..codecs.base import HEADER_SIZE, Draw, EncodeContext
 from ..communicators import spans_one_node
 from ..errors import PacketError
-from ..kernels.exact_topk import BAD_PACKET
+from ..kernels.slots import BAD_PACKET
 from ..stats import CallStats
 from .base import (Algorithm, Contribution, ReduceContext, RepeatPlan, chunk_bounds,
                    input_error, register_algorithm)
@@ -452,22 +452,24 @@ class TwoShotPlan(RepeatPlan):
     (:class:`~hpccomm.collectives.transport.FixedExchange`) and a transport
     made once -- what the general path spends per call building them.
 
-    With a codec that runs its kernels on packets laid out once
-    (:meth:`~hpccomm.codecs.base.Codec.bind_packet`) and a memory that is
-    a plain residual or none, the packets are laid out when the plan is
-    made: the send packets in the all-to-all's send buffer, the owner's
-    packet, and the payload views of the received and gathered packets, all
-    with their headers.  A call then runs one kernel per chunk and phase
-    and the three collectives, nothing else (:meth:`_reduce_laid_out`):
+    With a codec that runs its kernels on packets laid out once and a
+    memory that is a plain residual or none, the packets are laid out when
+    the plan is made: the send packets in the all-to-all's send buffer, the
+    owner's packet, and views of the received and gathered packets, all
+    with their headers -- fixed-size packets (:class:`_Packets`, through
+    :meth:`~hpccomm.codecs.base.Codec.bind_packet`), or slots for packets of
+    varying size (:class:`_Slots`).  A call then runs one kernel per chunk
+    and phase and the three collectives, nothing else
+    (:meth:`_reduce_laid_out`):
 
-    1. ``encode_views`` of every chunk into its send packet (``v = x + e``,
+    1. the encode of every chunk into its send packet (``v = x + e``,
        ``e_out``), stopping at a chunk with NaN/Inf; the deferred
        cross-rank check;
     2. the all-to-all of the send buffer as it lies;
-    3. ``owner_views``: the received rows summed in rank order, the owner
+    3. the owner step: the received packets summed in rank order, the owner
        residual, the owner's packet and its slice of ``out``;
     4. the allgather of the owner's packet;
-    5. ``decode_views`` of the other ranks' chunks; the residuals committed.
+    5. the decode of the other ranks' chunks; the residuals committed.
 
     The received and the gathered packets' headers are compared with
     those the plan expects, all in one vectorised comparison per transfer
@@ -481,87 +483,18 @@ class TwoShotPlan(RepeatPlan):
         self.bounds = bounds
         self.exchange = exchange
         self.slotted = slotted
-        self.laid_out = (None if slotted else
-                         self._lay_out(algorithm.codec, bounds, exchange, shape, memory))
-        self.slots = (self._lay_out_slots(algorithm.codec, bounds, exchange, shape, memory)
-                      if slotted else None)
-        if self.laid_out is not None or self.slots is not None:
+        self.kernels = None
+        if not memory.enabled or memory.fusable:
+            self.kernels = (_Slots if slotted else _Packets).lay_out(
+                algorithm.codec, bounds, exchange, shape, memory)
+        if self.kernels is not None:
             self.kind = "kernels"
         else:       # the general path's steps need a transport
             self.net = Transport(exchange.comm, CallStats())
 
-    @staticmethod
-    def _lay_out(codec, bounds, exchange, shape, memory):
-        """The packets of :meth:`_reduce_laid_out`, or None where it does not
-        apply: per chunk ``(lo, hi, send views)``, the owner's packet and
-        views, the received rows, per other chunk ``(lo, hi, gathered
-        views)``."""
-        if not codec.lays_out or (memory.enabled and not memory.fusable):
-            return None
-        r = exchange.rank
-        chunks = list(zip(bounds[:-1], bounds[1:]))
-        received = exchange.received
-        m = bounds[r + 1] - bounds[r]
-        rows = codec.payload_row_views(received, m, shape)
-        if received.stride is None or not all(
-                np.shares_memory(a, received.buffer) for a in (rows if isinstance(rows, tuple)
-                                                               else (rows,))
-                if isinstance(a, np.ndarray) and a.size):
-            return None     # the rows would be a copy made now, not a view of what arrives
-        send = exchange.send_slots()
-        owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
-        others = [j for j in range(len(chunks)) if j != r]
-        feedback = memory.enabled
-        return ([(lo, hi, codec.bind_packet(p, hi - lo, shape), Draw(lo, feedback))
-                 for (lo, hi), p in zip(chunks, send)],
-                owner_packet, (codec.bind_packet(owner_packet, m, shape), Draw(bounds[r], feedback)),
-                rows,
-                [(lo, hi, codec.payload_views(exchange.gathered[j], hi - lo, shape))
-                 for j, (lo, hi) in enumerate(chunks) if j != r],
-                _Headers(codec, shape, received, range(len(chunks)), [m] * len(chunks)),
-                _Headers(codec, shape, exchange.gathered, others,
-                         [chunks[j][1] - chunks[j][0] for j in others]))
-
-    @staticmethod
-    def _lay_out_slots(codec, bounds, exchange, shape, memory):
-        """The slots of :meth:`_reduce_slots`, or None where it does not
-        apply (a codec without slot kernels, or whose selection is not the
-        exact top-k for some chunk; ``nonfinite="propagate"``; a memory that
-        is not a plain residual): per chunk ``(lo, hi, send slot views)``,
-        the owner's slot and views, the received rows and their bound, per
-        other chunk ``(source, lo, hi, row, bound)``, and both header
-        checks."""
-        exact = getattr(codec, "slot_count", None)
-        if (exact is None or codec.nonfinite != "raise"
-                or (memory.enabled and not memory.fusable)):
-            return None
-        r = exchange.rank
-        chunks = list(zip(bounds[:-1], bounds[1:]))
-        ks = [exact(hi - lo) for lo, hi in chunks]
-        if None in ks:
-            return None
-        m = bounds[r + 1] - bounds[r]
-        received = exchange.received
-        rows = received.buffer.reshape(len(chunks), -1)
-        owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
-        others = [j for j in range(len(chunks)) if j != r]
-        return ([(lo, hi, codec.slot_views(p, hi - lo))
-                 for (lo, hi), p in zip(chunks, exchange.send_slots())],
-                owner_packet, codec.slot_views(owner_packet, m),
-                codec.row_views(rows), ks[r],
-                [(j, lo, hi, codec.row_views(exchange.gathered[j]), ks[j])
-                 for j, (lo, hi) in enumerate(chunks) if j != r],
-                _Headers(codec, shape, received, range(len(chunks)), [m] * len(chunks),
-                         slotted=True),
-                _Headers(codec, shape, exchange.gathered, others,
-                         [chunks[j][1] - chunks[j][0] for j in others], slotted=True))
-
     def reduce(self, x, out, state, call, seed, shape, memory, finite, agree):
-        if self.laid_out is not None:
+        if self.kernels is not None:
             self._reduce_laid_out(x, out, state, call, seed, memory, agree)
-            return
-        if self.slots is not None:
-            self._reduce_slots(x, out, state, call, memory, agree)
             return
         alg, net, exchange = self.algorithm, self.net, self.exchange
         net.call = call    # the transport is this plan's; its accounting is the call's
@@ -574,118 +507,186 @@ class TwoShotPlan(RepeatPlan):
 
     def _reduce_laid_out(self, x, out, state, call, seed, memory, agree):
         """Steps 1-5 of the class docstring."""
-        codec, exchange, r = self.algorithm.codec, self.exchange, self.exchange.rank
-        sends, owner_packet, (owner_views, owner_draw), rows, gathered, rheads, gheads = \
-            self.laid_out
+        kernels, exchange, r = self.kernels, self.exchange, self.exchange.rank
         t0 = time.perf_counter()
-        if codec.stochastic:    # this call's streams: as rank r, and as the owner P + r
-            key = codec.draw_key(seed, r, state.step)
-            for _, _, _, draw in sends:
-                draw.key = key
-            owner_draw.key = codec.draw_key(seed, self.algorithm.size + r, state.step)
         # 1. the encodes and the deferred check
         if memory.enabled:
             e, e_out = memory.fused_buffers(state, "worker", x.size)
         else:       # the worker residual is not kept
             e, e_out = None, self.algorithm.scratch("e_out", x.size)
-        err = None
-        for lo, hi, views, draw in sends:
+        err = kernels.encode(x, e, e_out, seed, r, state.step, self.algorithm.size)
+        if agree is not None:
+            agree(None if err is None else input_error(err, x, kernels.codec.name))
+        elif err is not None:
+            raise err
+        t1 = time.perf_counter()
+        call.t_encode += t1 - t0
+        # 2. the all-to-all
+        exchange.alltoallv(None, call)
+        # 3. the owner step
+        t2 = time.perf_counter()
+        kernels.received_headers.check()
+        lo, hi = self.bounds[r], self.bounds[r + 1]
+        owner = memory.owner
+        eo, eo_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
+                      else (None, None))
+        kernels.owner(eo, eo_out, out[lo:hi])
+        call.t_encode += time.perf_counter() - t2
+        # 4. the allgather
+        exchange.allgatherv(kernels.owner_packet, call)
+        # 5. the other chunks decoded, the residuals committed
+        t3 = time.perf_counter()
+        kernels.gathered_headers.check()
+        kernels.decode(out)
+        if owner.enabled:
+            owner.commit_fused(state, "owner")
+        if memory.enabled:
+            memory.commit_fused(state, "worker")
+        call.t_decode += time.perf_counter() - t3
+
+
+class _Packets:
+    """The kernels of :meth:`TwoShotPlan._reduce_laid_out` on fixed-size
+    packets laid out once: the codec's ``encode_views``, ``owner_views`` and
+    ``decode_views`` (:meth:`~hpccomm.codecs.base.Codec.lays_out`), each
+    stochastic encode reading its chunk's :class:`~hpccomm.codecs.base.Draw`,
+    whose key is set once per call."""
+
+    __slots__ = ("codec", "sends", "owner_packet", "owner_views", "owner_draw", "rows",
+                 "gathered", "received_headers", "gathered_headers")
+
+    @classmethod
+    def lay_out(cls, codec, bounds, exchange, shape, memory):
+        """The packets laid out, or None where the codec has no such kernels
+        or its received rows would be a copy."""
+        if not codec.lays_out:
+            return None
+        r = exchange.rank
+        chunks = list(zip(bounds[:-1], bounds[1:]))
+        received = exchange.received
+        m = bounds[r + 1] - bounds[r]
+        rows = codec.payload_row_views(received, m, shape)
+        if received.stride is None or not all(
+                np.shares_memory(a, received.buffer) for a in (rows if isinstance(rows, tuple)
+                                                               else (rows,))
+                if isinstance(a, np.ndarray) and a.size):
+            return None     # the rows would be a copy made now, not a view of what arrives
+        self = cls()
+        self.codec = codec
+        feedback = memory.enabled
+        self.sends = [(lo, hi, codec.bind_packet(p, hi - lo, shape), Draw(lo, feedback))
+                      for (lo, hi), p in zip(chunks, exchange.send_slots())]
+        self.owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
+        self.owner_views = codec.bind_packet(self.owner_packet, m, shape)
+        self.owner_draw = Draw(bounds[r], feedback)
+        self.rows = rows
+        others = [j for j in range(len(chunks)) if j != r]
+        self.gathered = [(lo, hi, codec.payload_views(exchange.gathered[j], hi - lo, shape))
+                         for j, (lo, hi) in enumerate(chunks) if j != r]
+        self.received_headers = _Headers(codec, shape, received, range(len(chunks)),
+                                         [m] * len(chunks))
+        self.gathered_headers = _Headers(codec, shape, exchange.gathered, others,
+                                         [chunks[j][1] - chunks[j][0] for j in others])
+        return self
+
+    def encode(self, x, e, e_out, seed, rank, step, size):
+        """Every chunk's encode; the error of the first with NaN/Inf, or None."""
+        codec = self.codec
+        if codec.stochastic:    # this call's streams: as rank r, and as the owner P + r
+            key = codec.draw_key(seed, rank, step)
+            for _, _, _, draw in self.sends:
+                draw.key = key
+            self.owner_draw.key = codec.draw_key(seed, size + rank, step)
+        for lo, hi, views, draw in self.sends:
             bad = codec.encode_views(views, x[lo:hi], None if e is None else e[lo:hi],
                                      e_out[lo:hi], draw)
             if bad and (err := codec.nonfinite_error(bad)) is not None:
-                break
-        if agree is not None:
-            agree(None if err is None else input_error(err, x, codec.name))
-        elif err is not None:
-            raise err
-        t1 = time.perf_counter()
-        call.t_encode += t1 - t0
-        # 2. the all-to-all
-        exchange.alltoallv(None, call)
-        # 3. the owner step
-        t2 = time.perf_counter()
-        rheads.check()
-        lo, hi = self.bounds[r], self.bounds[r + 1]
-        owner = memory.owner
-        eo, eo_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
-                      else (None, None))
-        bad = codec.owner_views(rows, eo, eo_out, out[lo:hi], owner_views, owner_draw)
+                return err
+        return None
+
+    def owner(self, e, e_out, out):
+        codec = self.codec
+        bad = codec.owner_views(self.rows, e, e_out, out, self.owner_views, self.owner_draw)
         if bad and (err := codec.nonfinite_error(bad)) is not None:
             raise err
-        call.t_encode += time.perf_counter() - t2
-        # 4. the allgather
-        exchange.allgatherv(owner_packet, call)
-        # 5. the other chunks decoded, the residuals committed
-        t3 = time.perf_counter()
-        gheads.check()
-        for lo, hi, views in gathered:
-            codec.decode_views(views, out[lo:hi], False)
-        if owner.enabled:
-            owner.commit_fused(state, "owner")
-        if memory.enabled:
-            memory.commit_fused(state, "worker")
-        call.t_decode += time.perf_counter() - t3
+
+    def decode(self, out):
+        for lo, hi, views in self.gathered:
+            self.codec.decode_views(views, out[lo:hi], False)
 
 
-    def _reduce_slots(self, x, out, state, call, memory, agree):
-        """Steps 1-5 of :meth:`_reduce_laid_out` for a codec whose packets
-        vary in size, in slots laid out once (the count in each header):
-        the codec's slot kernels where its selection is the exact top-k
-        (``topk``, ``dgc``; :mod:`hpccomm.kernels.exact_topk`).  A packet a
-        kernel refuses goes to the general path's step on the same bytes,
-        which raises its error."""
-        codec, exchange, r = self.algorithm.codec, self.exchange, self.exchange.rank
-        sends, owner_packet, owner_views, rows, k_in, gathered, rheads, gheads = self.slots
-        t0 = time.perf_counter()
-        # 1. the encodes and the deferred check
-        if memory.enabled:
-            e, e_out = memory.fused_buffers(state, "worker", x.size)
-        else:       # the worker residual is not kept
-            e, e_out = None, self.algorithm.scratch("e_out", x.size)
-        err = None
-        for lo, hi, views in sends:
+class _Slots:
+    """The kernels of :meth:`TwoShotPlan._reduce_laid_out` on slots laid out
+    once, for a codec whose packets vary in size: its ``encode_slot``,
+    ``owner_slot`` and ``decode_slot``, where they apply
+    (:meth:`~hpccomm.codecs.sparsifier.SparseCodec.slot_count`: ``topk`` and
+    ``dgc`` where their selection is the exact top-k, ``threshold``).  A
+    packet a kernel refuses goes to the general path's step on the same
+    bytes, which raises its error."""
+
+    __slots__ = ("codec", "exchange", "sends", "owner_packet", "owner_views", "rows",
+                 "owner_entries", "gathered", "received_headers", "gathered_headers")
+
+    @classmethod
+    def lay_out(cls, codec, bounds, exchange, shape, memory):
+        """The slots laid out, or None where the codec has no slot kernels,
+        they do not apply to some chunk, or ``nonfinite="propagate"``."""
+        entries = getattr(codec, "slot_count", None)
+        if entries is None or codec.nonfinite != "raise":
+            return None
+        r = exchange.rank
+        chunks = list(zip(bounds[:-1], bounds[1:]))
+        ks = [entries(hi - lo) for lo, hi in chunks]
+        if None in ks:
+            return None
+        self = cls()
+        self.codec, self.exchange = codec, exchange
+        m = bounds[r + 1] - bounds[r]
+        self.sends = [(lo, hi, codec.slot_views(p, hi - lo))
+                      for (lo, hi), p in zip(chunks, exchange.send_slots())]
+        self.owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
+        self.owner_views = codec.slot_views(self.owner_packet, m)
+        received = exchange.received
+        self.rows = codec.row_views(received.buffer.reshape(len(chunks), -1))
+        self.owner_entries = ks[r]
+        others = [j for j in range(len(chunks)) if j != r]
+        self.gathered = [(j, lo, hi, codec.row_views(exchange.gathered[j]), ks[j])
+                         for j, (lo, hi) in enumerate(chunks) if j != r]
+        self.received_headers = _Headers(codec, shape, received, range(len(chunks)),
+                                         [m] * len(chunks), slotted=True)
+        self.gathered_headers = _Headers(codec, shape, exchange.gathered, others,
+                                         [chunks[j][1] - chunks[j][0] for j in others],
+                                         slotted=True)
+        return self
+
+    def encode(self, x, e, e_out, seed, rank, step, size):
+        """Every chunk's encode; the error of the first with NaN/Inf, or None
+        (the slot kernels draw nothing)."""
+        codec = self.codec
+        for lo, hi, views in self.sends:
             bad = codec.encode_slot(views, x[lo:hi], None if e is None else e[lo:hi],
                                     e_out[lo:hi])
             if bad:
-                err = codec.nonfinite_error(bad)
-                break
-        if agree is not None:
-            agree(None if err is None else input_error(err, x, codec.name))
-        elif err is not None:
-            raise err
-        t1 = time.perf_counter()
-        call.t_encode += t1 - t0
-        # 2. the all-to-all
-        exchange.alltoallv(None, call)
-        # 3. the owner step
-        t2 = time.perf_counter()
-        rheads.check()
-        lo, hi = self.bounds[r], self.bounds[r + 1]
-        owner = memory.owner
-        eo, eo_out = (owner.fused_buffers(state, "owner", hi - lo) if owner.enabled
-                      else (None, None))
-        status = codec.owner_slot(rows, k_in, eo, eo_out, out[lo:hi], owner_views)
+                return codec.nonfinite_error(bad)
+        return None
+
+    def owner(self, e, e_out, out):
+        codec = self.codec
+        status = codec.owner_slot(self.rows, self.owner_entries, e, e_out, out, self.owner_views)
         if status == BAD_PACKET:
-            codec.owner_step([codec.packet_in_slot(p, hi - lo) for p in exchange.received],
-                             eo, eo_out, out[lo:hi], EncodeContext())
+            codec.owner_step([codec.packet_in_slot(p, out.size) for p in self.exchange.received],
+                             e, e_out, out, EncodeContext())
             raise PacketError(f"{codec.name}: a packet received was refused")
         if status:
             raise codec.nonfinite_error(status)
-        call.t_encode += time.perf_counter() - t2
-        # 4. the allgather
-        exchange.allgatherv(owner_packet, call)
-        # 5. the other chunks decoded, the residuals committed
-        t3 = time.perf_counter()
-        gheads.check()
-        for j, lo, hi, row, k in gathered:
+
+    def decode(self, out):
+        codec = self.codec
+        for j, lo, hi, row, k in self.gathered:
             if not codec.decode_slot(row, k, out[lo:hi]):
-                codec.decode(codec.packet_in_slot(exchange.gathered[j], hi - lo), out[lo:hi])
+                codec.decode(codec.packet_in_slot(self.exchange.gathered[j], hi - lo),
+                             out[lo:hi])
                 raise PacketError(f"{codec.name}: the packet from rank {j} was refused")
-        if owner.enabled:
-            owner.commit_fused(state, "owner")
-        if memory.enabled:
-            memory.commit_fused(state, "worker")
-        call.t_decode += time.perf_counter() - t3
 
 
 class _Headers:
