@@ -11,17 +11,19 @@ its indices in ``words_i[:c]`` and its values in ``words_f[c:2 c]``.
 
 The selection is the codec's at ``s == n``: the ``k`` entries of largest
 magnitude, ties at the cut to the lower indices, zeros never sent (all
-non-zeros when fewer than ``k``), in index order -- from a quickselect of the
-magnitudes and one pass.  Every kernel checks before it writes: a packet
-that announces too many entries or indices out of order, and NaN/Inf in what
-it selects from, are reported (the caller raises the codec's own error by
-running the general path's step on the same bytes).
+non-zeros when fewer than ``k``), in index order -- from the ``k``-th largest
+magnitude (a descending list of the ``k`` largest for ``k`` up to
+:data:`~hpccomm.kernels.sparsify.SMALL_K`, else a quickselect) and one pass.
+Every kernel checks before it writes: a packet that announces too many
+entries or indices out of order, and NaN/Inf in what it selects from, are
+reported (the caller raises the codec's own error by running the general
+path's step on the same bytes).
 """
 import numpy as np
 from numba import njit
 
 from .slots import BAD_PACKET, count_nonfinite, owner_sum, put_count
-from .sparsify import _kth_largest_inplace
+from .sparsify import SMALL_K, _insert_desc, _kth_largest_inplace
 
 __all__ = ["BAD_PACKET", "encode_slot", "owner_slot", "decode_slot"]
 
@@ -32,7 +34,14 @@ def _top_into(v, k, mags, slot, words_i, words_f):
     values); ``mags``: scratch of ``v.size``.  Returns the count."""
     n = v.size
     t = np.float32(0.0)
-    if k < n:
+    if 0 < k <= SMALL_K and k < n:  # a descending list of the k largest: few enter it
+        filled = 0
+        for i in range(n):
+            a = abs(v[i])
+            if filled < k or a > mags[k - 1]:
+                filled = _insert_desc(mags, filled, k, a)
+        t = mags[k - 1]
+    elif k < n:
         for i in range(n):
             mags[i] = abs(v[i])
         t = _kth_largest_inplace(mags, n, k)
@@ -46,13 +55,13 @@ def _top_into(v, k, mags, slot, words_i, words_f):
     o = 0
     for i in range(n):
         a = abs(v[i])
-        if a > t or (a == t and ties > 0):
+        if (a > t or (a == t and ties > 0)) and o < c:     # (o < c: never past the slot)
             ties -= a == t
             words_i[o] = i
             words_f[c + o] = v[i]
             o += 1
-    put_count(slot, c)
-    return c
+    put_count(slot, o)
+    return o
 
 
 @njit(cache=True, nogil=True)

@@ -69,7 +69,7 @@ def _quanta_into(v, tau, cap, mags, slot, tau_view, words, subtract):
             ties = cap - greater
         for i in range(n):
             a = abs(v[i])
-            if a > cut or (a == cut and ties > 0):
+            if (a > cut or (a == cut and ties > 0)) and m < cap:   # (never past the slot)
                 ties -= a == cut
                 pos = v[i] > 0
                 words[m] = (np.uint32(i) << _ONE) | np.uint32(pos)
