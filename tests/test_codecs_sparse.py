@@ -742,6 +742,26 @@ def test_adaptive_columns_follow_shape_and_align():
     assert int(packet[16:20].view(np.uint32)[0]) == 7
 
 
+@pytest.mark.parametrize("shape", [(5000,), (40, 125), (3, 1001)])
+@pytest.mark.parametrize("kind", ["normal", "heavy", "ties"])
+def test_adaptive_capacity_holds_every_packet_of_its_shape(shape, kind):
+    """``capacity_for(m, shape)`` (a slot of twoshot's small calls) holds the
+    packet of any chunk of ``m`` elements of a tensor of ``shape``, and
+    stays below ``max_wire_size`` (every column length)."""
+    codec = get_codec("adaptive", proportion=8, excess=2)
+    rng = np.random.default_rng(len(shape))
+    n = int(np.prod(shape))
+    x = {"normal": rng.standard_normal(n), "heavy": rng.standard_cauchy(n),
+         "ties": rng.integers(-2, 3, n)}[kind].astype(np.float32)
+    for m in (1, 7, 125, 1001, n):
+        packet = codec.encode(x[:m], EncodeContext(shape=shape, step=3))
+        assert packet.size <= codec.capacity_for(m, shape) <= codec.max_wire_size(m), m
+    tight = x.copy()          # every column's largest: the cap of both signs filled
+    tight[::2] = np.abs(tight[::2]) + 1
+    tight[1::2] = -np.abs(tight[1::2]) - 1
+    assert codec.encode(tight, EncodeContext(shape=shape)).size <= codec.capacity_for(n, shape)
+
+
 def test_adaptive_chunks_of_whole_columns_encode_like_the_whole():
     codec = get_codec("adaptive", proportion=4, col_len=500)  # 500 > 32 samples
     x = data(3000, 18)

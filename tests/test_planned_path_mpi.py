@@ -198,7 +198,8 @@ def test_only_small_calls_get_a_plan():
 #: default ratio, 0.001, not for 0.1; threshold's below 65536 elements)
 SLOTTED = [("topk", {"ratio": 0.05}, "kernels"), ("topk", {"exact": True}, "kernels"),
            ("dgc", {}, "kernels"), ("dgc", {"ratio": 0.1}, "plan"),
-           ("threshold", {}, "kernels"), ("threshold", {"tau": 0.5, "max_ratio": 0.05}, "kernels")]
+           ("threshold", {}, "kernels"), ("threshold", {"tau": 0.5, "max_ratio": 0.05}, "kernels"),
+           ("adaptive", {}, "plan")]
 
 
 def slot_bytes(codec, n):
@@ -276,7 +277,8 @@ def test_slots_only_where_they_are_small_and_no_larger_than_float32():
     they are (counts first)."""
     from hpccomm.collectives.twoshot import SLOT_BYTES
 
-    reducer = hpccomm.Allreducer(COMM, codec="adaptive", algorithm="twoshot")
+    # a word per element at most, and the fields: more than the float32
+    reducer = hpccomm.Allreducer(COMM, codec="threshold", algorithm="twoshot", max_ratio=1.0)
     topk = hpccomm.Allreducer(COMM, codec="topk", algorithm="twoshot")
     large = SLOT_BYTES * 100 // 8 + 1000       # 8-byte entries of 1 %: over the limit
     for _ in range(2):

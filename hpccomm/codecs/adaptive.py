@@ -134,6 +134,16 @@ class Adaptive(SparseCodec):
         H = 1 if self.col_len is None else min(n, self.col_len)
         return self._size(n, H, self.max_count(n, H))
 
+    def capacity_for(self, n, shape):
+        """The bound for the column length that ``n`` elements of a tensor
+        of ``shape`` encode with (:meth:`column_length`; the owner's packet
+        too): far below :meth:`max_wire_size`'s ``H = 1`` (4 KiB of a
+        vector: 288 bytes a chunk, not 8212)."""
+        if n == 0:
+            return PREFIX
+        H = self.column_length(n, shape)
+        return self._size(n, H, self.max_count(n, H))
+
     @staticmethod
     def _size(n: int, H: int, m: int) -> int:
         W = -(-n // H) if n else 0
