@@ -1,58 +1,73 @@
 """The checks that the slot tests share (test_exact_topk.py,
 test_threshold_slots.py): a codec's slot kernels against its general steps,
 on the packet bytes, the residual bits and the result bits."""
+from dataclasses import replace
+
 import numpy as np
 
-from hpccomm.codecs.base import EncodeContext
+from hpccomm.codecs.base import Draw, EncodeContext
 
 
 def bits(a):
     return a.view(np.uint32).tobytes()
 
 
-def slot_for(codec, n):
-    """A slot of ``n`` elements laid out, stale bytes in it: ``(slot, views)``."""
-    slot = np.full(codec.capacity_for(n, (n,)), 0xEE, np.uint8)
-    return slot, codec.slot_views(slot, n)
+def slot_for(codec, n, shape=None):
+    """A slot of ``n`` elements of a tensor of ``shape`` (``(n,)``) laid out,
+    stale bytes in it: ``(slot, views)``."""
+    shape = (n,) if shape is None else shape
+    slot = np.full(codec.capacity_for(n, shape), 0xEE, np.uint8)
+    return slot, codec.slot_views(slot, n, shape)
 
 
-def check_encode(codec, x, e):
-    """``encode_slot`` against ``encode_with_feedback``."""
+def draw_of(codec, ctx):
+    """The :class:`~hpccomm.codecs.base.Draw` of an encode in ``ctx``."""
+    return Draw(ctx.offset, ctx.feedback, codec.draw_key(ctx.seed, ctx.rank, ctx.step))
+
+
+def check_encode(codec, x, e, ctx=EncodeContext()):
+    """``encode_slot`` against ``encode_with_feedback`` in ``ctx``."""
     n = x.size
+    shape = ctx.shape or (n,)
+    ctx = replace(ctx, shape=shape)
     want_e = np.empty(n, np.float32)
-    want = codec.encode_with_feedback(x, e, want_e, EncodeContext())
-    slot, views = slot_for(codec, n)
+    want = codec.encode_with_feedback(x, e, want_e, ctx)
+    slot, views = slot_for(codec, n, shape)
     got_e = np.empty(n, np.float32)
-    assert codec.encode_slot(views, x, e, got_e) == 0
+    assert codec.encode_slot(views, x, e, got_e, draw_of(codec, ctx)) == 0
     assert codec.packet_in_slot(slot, n).tobytes() == want.tobytes()
     assert bits(got_e) == bits(want_e)
 
 
-def check_owner(codec, inputs, e, memory):
+def check_owner(codec, inputs, e, memory, ctx=EncodeContext()):
     """``owner_slot`` on the slots of the packets of ``inputs`` (one per
     rank; each packet shorter than its slot, stale bytes after it) against
     ``owner_step`` on the packets: the owner's packet, its slice of ``out``
     and its residual (``memory``: "residual" with ``e``, "fresh" without,
-    "none"); then ``decode_slot`` of the owner's slot."""
+    "none"), the owner encoding in ``ctx``; then ``decode_slot`` of the
+    owner's slot."""
     n = inputs[0].size
-    entries = codec.slot_count(n)
-    rows = np.full((len(inputs), codec.capacity_for(n, (n,))), 0xEE, np.uint8)
+    shape = ctx.shape or (n,)
+    ctx = replace(ctx, shape=shape)
+    entries = codec.slot_count(n, shape)
+    rows = np.full((len(inputs), codec.capacity_for(n, shape)), 0xEE, np.uint8)
     packets = []
     for j, x in enumerate(inputs):
-        packet = codec.encode(x, EncodeContext(rank=j))
+        packet = codec.encode(x, replace(ctx, rank=j))
         rows[j, :packet.size] = packet
         packets.append(packet)
     want_e = None if memory == "none" else np.empty(n, np.float32)
     want_out = np.empty(n, np.float32)
-    want = codec.owner_step(packets, e, want_e, want_out, EncodeContext())
-    slot, views = slot_for(codec, n)
+    want = codec.owner_step(packets, e, want_e, want_out, ctx)
+    slot, views = slot_for(codec, n, shape)
     got_e = None if memory == "none" else np.empty(n, np.float32)
     got_out = np.full(n, np.nan, np.float32)
-    assert codec.owner_slot(codec.row_views(rows), entries, e, got_e, got_out, views) == 0
+    assert codec.owner_slot(codec.row_views(rows, n, shape), entries, e, got_e, got_out, views,
+                            draw_of(codec, ctx)) == 0
     assert codec.packet_in_slot(slot, n).tobytes() == want.tobytes()
     assert bits(got_out) == bits(want_out)
     if want_e is not None:
         assert bits(got_e) == bits(want_e)
     dec = np.full(n, np.nan, np.float32)
-    assert codec.decode_slot(codec.row_views(slot), entries, dec)
+    assert codec.decode_slot(codec.row_views(slot, n, shape), entries, dec)
     assert bits(dec) == bits(codec.decode(want, np.empty(n, np.float32)))

@@ -195,11 +195,13 @@ def test_only_small_calls_get_a_plan():
 #: path: slots of their capacity (no counts sent first), the slot kernels
 #: where they apply (topk's and dgc's where the selection is the exact top-k:
 #: dgc's sample is the whole chunk below 2 / ratio elements, here for its
-#: default ratio, 0.001, not for 0.1; threshold's below 65536 elements)
+#: default ratio, 0.001, not for 0.1; threshold's below 65536 elements;
+#: adaptive's where its columns make one group: a vector's one column sits in
+#: the last rank's chunk)
 SLOTTED = [("topk", {"ratio": 0.05}, "kernels"), ("topk", {"exact": True}, "kernels"),
            ("dgc", {}, "kernels"), ("dgc", {"ratio": 0.1}, "plan"),
            ("threshold", {}, "kernels"), ("threshold", {"tau": 0.5, "max_ratio": 0.05}, "kernels"),
-           ("adaptive", {}, "plan")]
+           ("adaptive", {}, "kernels")]
 
 
 def slot_bytes(codec, n):
@@ -234,8 +236,33 @@ def test_variable_packets_travel_in_slots_with_the_reference_bits(codec, options
     assert runs[True] == runs[False]
 
 
+@pytest.mark.parametrize("ef", [True, False])
+def test_adaptive_columns_of_a_matrix_in_slots(ef):
+    """A matrix's columns (its last dimension) spread over every rank's
+    chunk: the slot kernels' results, residuals and steps against
+    ``fused=False``, with the call's random streams: 64 rows drawn of each
+    column of 100.  (Its slots hold 26 entries a column; with the default
+    ``excess=4`` they would hold more than the float32, and there would be
+    no slots.)"""
+    shape = (4 * SIZE + 3, 100)
+    got = {}
+    for fused in (True, False):
+        reducer = hpccomm.Allreducer(COMM, codec="adaptive", algorithm="twoshot", fused=fused,
+                                     error_feedback=ef, proportion=8, excess=1)
+        steps = []
+        for step in range(4):
+            x = rank_data(int(np.prod(shape)), seed=step).reshape(shape)
+            steps.append(digest(reducer(x, key="w")))
+        saved = reducer.state_dict()["keys"]["w"]
+        got[fused] = steps, {k: digest(v) for k, v in saved["residuals"].items()}
+        if fused:
+            assert reducer.repeat_path("w") == (None if SIZE == 1 else "kernels")
+    assert got[True] == got[False]
+
+
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("codec,options", [("topk", {"ratio": 0.05}), ("threshold", {})])
+@pytest.mark.parametrize("codec,options", [("topk", {"ratio": 0.05}), ("threshold", {}),
+                                           ("adaptive", {})])
 def test_a_rank_on_the_general_path_meets_the_others_in_slots(codec, options):
     """Rank 0's ``out`` overlaps its input (the general path, in the same
     slots), the others' does not (the plan): the reference's bits."""
@@ -249,7 +276,8 @@ def test_a_rank_on_the_general_path_meets_the_others_in_slots(codec, options):
 
 
 @pytest.mark.mpi(min_size=2)
-@pytest.mark.parametrize("codec,options", [("topk", {"ratio": 0.05}), ("threshold", {})])
+@pytest.mark.parametrize("codec,options", [("topk", {"ratio": 0.05}), ("threshold", {}),
+                                           ("adaptive", {})])
 @pytest.mark.parametrize("ef", [True, False])
 def test_nan_on_one_rank_in_the_slot_kernels_is_raised_everywhere(codec, options, ef):
     """The slot kernels count a NaN in their encode: every rank raises the

@@ -65,6 +65,7 @@ from typing import Optional
 import numpy as np
 
 from ..errors import PacketError
+from ..kernels import adaptive_slots as KA
 from ..kernels import sparsify as K
 from ..kernels.rng import stream_key
 from .sparsifier import COUNT_MAX, WIDE_N, SparseCodec, check_count, index_dtype, payload_view
@@ -250,6 +251,79 @@ class Adaptive(SparseCodec):
         if parts[1] is not None:        # n = 0 has nothing to decode
             K.adaptive_scatter(out.size, *parts, out, False)
         return packet
+
+    # -- kernels on slots laid out once (hpccomm.kernels.adaptive_slots) ----------
+    SLOT_STANDS_FOR = ("encode_with_feedback", "owner_step", "_decode_into", "_fields",
+                       "_run", "_columns", "_packet", "_pairs", "column_length", "max_count",
+                       "capacity_for", "draw_key")
+    SLOT_RULE = "slot_entries"
+    SLOT_DRAWS = True
+
+    def slot_entries(self, n: int, shape=None):
+        """The most words of a slot of ``n`` elements of a tensor of
+        ``shape`` where the slot kernels apply: its columns in one group
+        (:func:`~hpccomm.kernels.sparsify.adaptive_encode`'s, about
+        :data:`~hpccomm.kernels.sparsify.BLOCK` elements)."""
+        if shape is None:
+            return None
+        if n == 0:          # an empty chunk: the packet's fields alone
+            return 0
+        H = self.column_length(n, shape)
+        if -(-n // H) > max(1, K.BLOCK // H) or H >= WIDE_N:
+            return None
+        return self.max_count(n, H)
+
+    def draw_key(self, seed, rank, step):
+        return stream_key(seed, rank, step, SALT)
+
+    def slot_views(self, slot: np.ndarray, n: int, shape=None):
+        """What the slot kernels take of ``slot`` (of :meth:`capacity_for`
+        bytes), its header written but for the count: ``(slot as uint32, as
+        float32, H, per-column scratch (counts, mu_pos, mu_neg), words
+        scratch)``."""
+        H = self.column_length(n, shape)
+        W = -(-n // H) if n else 0
+        self.bind_header(slot, n)
+        slot[HEADER_SIZE:PREFIX] = 0
+        return (slot.view(np.uint32), slot.view(np.float32), H, np.empty(W, np.int64),
+                np.empty(W, np.float32), np.empty(W, np.float32),
+                np.empty(self.max_count(n, H) + 1, np.uint32))
+
+    def row_views(self, slots: np.ndarray, n=None, shape=None):
+        """Received slots (rows of one uint8 array, or one slot) of ``n``
+        elements as uint32 and float32 words, header included, and ``H``."""
+        return slots.view(np.uint32), slots.view(np.float32), self.column_length(n, shape)
+
+    def encode_slot(self, views, x, e, e_out, draw):
+        """``encode_with_feedback`` of ``x`` (its stream: ``draw``) into the
+        slot of ``views``; returns the NaN/Inf count (the slot then not
+        written)."""
+        su, sf, H, counts, mu_pos, mu_neg, words = views
+        if x.size == 0:     # the fields as laid out: H = 0, no columns
+            return 0
+        return KA.encode_slot(x, x if e is None else e, e is not None, e_out, H, self.proportion,
+                              self.samples, self.excess, draw.key, np.uint64(draw.offset),
+                              counts, mu_pos, mu_neg, words, su, sf)
+
+    def owner_slot(self, rows, k_in, e, e_out, out, views, draw):
+        """:meth:`owner_step` from the received slots ``rows``
+        (:meth:`row_views`, at most ``k_in`` words each) into the slot of
+        ``views``: 0, or :data:`~hpccomm.kernels.adaptive_slots.BAD_PACKET`,
+        or the NaN/Inf count (nothing sent written)."""
+        su, sf, H, counts, mu_pos, mu_neg, words = views
+        if out.size == 0:
+            return 0 if not rows[0][:, [1, 4]].any() else KA.BAD_PACKET
+        return KA.owner_slot(rows[0], rows[1], k_in, H, out if e is None else e, e is not None,
+                             out if e_out is None else e_out, e_out is not None, out,
+                             self.proportion, self.samples, self.excess, draw.key,
+                             np.uint64(draw.offset), counts, mu_pos, mu_neg, words, su, sf)
+
+    def decode_slot(self, row, k, out) -> bool:
+        """``decode`` of a received slot (:meth:`row_views`) of at most ``k``
+        words into ``out``; False (nothing written) when not valid."""
+        if out.size == 0:
+            return not row[0][[1, 4]].any()
+        return KA.decode_slot(row[0], row[1], row[2], k, self.proportion, self.excess, out)
 
     # -- decode ------------------------------------------------------------------
     def _fields(self, packet, header):

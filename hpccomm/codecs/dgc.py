@@ -100,7 +100,7 @@ class DGC(PairCodec):
     def _sample_size(self, n, k):
         return dgc_sample_size(n, self.ratio, self.sample_ratio)
 
-    def exact_count(self, n):
+    def exact_count(self, n, shape=None):
         """``k`` where the sample is the whole vector and its threshold the
         ``k'``-th largest magnitude with ``k' >= k``: step 2 lowers nothing,
         and step 3 keeps the exact top-``k``."""

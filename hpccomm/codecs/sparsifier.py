@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from fractions import Fraction
-from typing import Tuple
+from typing import Optional, Tuple
 
 import numpy as np
 
@@ -89,19 +89,24 @@ class SparseCodec(Codec):
     # -- kernels on slots laid out once (twoshot's plan of a repeated small
     # call): a codec that has them names the method that says where they
     # apply (SLOT_RULE) and the steps they stand for (SLOT_STANDS_FOR), and
-    # offers slot_views, row_views, encode_slot, owner_slot and decode_slot
+    # offers slot_views(slot, n, shape), row_views(slots, n, shape),
+    # encode_slot(views, x, e, e_out, draw), owner_slot(rows, entries, e,
+    # e_out, out, views, draw) and decode_slot(row, entries, out); ``draw``
+    # (a Draw) is what a stochastic one reads of the call (SLOT_DRAWS)
     SLOT_RULE = ""
     SLOT_STANDS_FOR: Tuple[str, ...] = ()
+    SLOT_DRAWS = False
 
-    def slot_count(self, n: int):
-        """The entries a slot of ``n`` elements holds where this codec's
-        slot kernels apply (its :attr:`SLOT_RULE`), else None -- also for a
-        subclass that overrides one of :attr:`SLOT_STANDS_FOR` below the
-        class that gives the rule (its own steps then run)."""
+    def slot_count(self, n: int, shape: Optional[tuple] = None):
+        """The entries a slot of ``n`` elements of a tensor of ``shape``
+        holds where this codec's slot kernels apply (its
+        :attr:`SLOT_RULE`), else None -- also for a subclass that overrides
+        one of :attr:`SLOT_STANDS_FOR` below the class that gives the rule
+        (its own steps then run)."""
         if not self.SLOT_RULE:
             return None
         cls = type(self)
         base = next(c for c in cls.__mro__ if self.SLOT_RULE in c.__dict__)
         if any(getattr(cls, name) is not getattr(base, name) for name in self.SLOT_STANDS_FOR):
             return None
-        return getattr(self, self.SLOT_RULE)(n)
+        return getattr(self, self.SLOT_RULE)(n, shape)

@@ -236,12 +236,12 @@ class Threshold(SparseCodec):
                        "max_count")
     SLOT_RULE = "slot_entries"
 
-    def slot_entries(self, n: int):
+    def slot_entries(self, n: int, shape=None):
         """The capacity (words) of a slot of ``n`` elements where the slot
         kernels apply: one block's sum of squares, 32-bit words."""
         return self.max_count(n) if n <= K.BLOCK else None
 
-    def slot_views(self, slot: np.ndarray, n: int):
+    def slot_views(self, slot: np.ndarray, n: int, shape=None):
         """What the slot kernels take of ``slot`` (of :meth:`capacity_for`
         bytes for ``n`` elements), its header and padding written:
         ``(slot, tau as float32, words as uint32, capacity, scratch)``."""
@@ -251,7 +251,7 @@ class Threshold(SparseCodec):
                 slot[PREFIX:].view(np.uint32), self.max_count(n), np.empty(n, np.float32))
 
     @staticmethod
-    def row_views(slots: np.ndarray):
+    def row_views(slots: np.ndarray, n=None, shape=None):
         """Received slots (rows of one uint8 array, or one slot) as uint32
         and float32 words, header included."""
         return slots.view(np.uint32), slots.view(np.float32)
@@ -260,14 +260,14 @@ class Threshold(SparseCodec):
         return (np.float32(self.tau) if self.tau is not None else np.float32(0.0),
                 0.0 if self.alpha is None else self.alpha)
 
-    def encode_slot(self, views, x, e, e_out):
+    def encode_slot(self, views, x, e, e_out, draw=None):
         """``encode_with_feedback`` of ``x`` into the slot of ``views``;
         returns the NaN/Inf count (the slot then not written)."""
         slot, tau_view, words, cap, mags = views
         return KT.encode_slot(x, x if e is None else e, e is not None, e_out, *self._tau_args(),
                               cap, mags, slot, tau_view, words)
 
-    def owner_slot(self, rows, cap_in, e, e_out, out, views):
+    def owner_slot(self, rows, cap_in, e, e_out, out, views, draw=None):
         """:meth:`owner_step` from the received slots ``rows``
         (:meth:`row_views`, at most ``cap_in`` words each) into the slot of
         ``views``: 0, or :data:`~hpccomm.kernels.threshold_slots.BAD_PACKET`,

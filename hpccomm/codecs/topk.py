@@ -207,7 +207,7 @@ class PairCodec(SparseCodec):
 
     # -- kernels on slots laid out once (twoshot's plan of a repeated small
     # call, hpccomm.kernels.exact_topk): where the selection is exact
-    def exact_count(self, n: int):
+    def exact_count(self, n: int, shape=None):
         """``k`` where this codec's selection of ``n`` elements is the exact
         top-``k`` (its threshold taken from the whole vector, nothing drawn),
         else None."""
@@ -219,7 +219,7 @@ class PairCodec(SparseCodec):
                        "max_count")
     SLOT_RULE = "exact_count"
 
-    def slot_views(self, slot: np.ndarray, n: int):
+    def slot_views(self, slot: np.ndarray, n: int, shape=None):
         """What the slot kernels take of ``slot`` (of :meth:`capacity_for`
         bytes for ``n`` elements), its header written but for the count:
         ``(slot, payload as int32, as float32, k, scratch)``."""
@@ -229,13 +229,13 @@ class PairCodec(SparseCodec):
                 k, np.empty(n, np.float32))
 
     @staticmethod
-    def row_views(slots: np.ndarray):
+    def row_views(slots: np.ndarray, n=None, shape=None):
         """Received slots (rows of one uint8 array, or one slot) as int32
         and float32 words, header included."""
         return slots.view(np.int32), slots.view(np.float32)
 
     @staticmethod
-    def encode_slot(views, x, e, e_out):
+    def encode_slot(views, x, e, e_out, draw=None):
         """``encode_with_feedback`` of ``x`` into the slot of ``views``, where
         :meth:`exact_count` applies; returns the NaN/Inf count (the slot
         then not written)."""
@@ -244,7 +244,7 @@ class PairCodec(SparseCodec):
                               wi, wf)
 
     @staticmethod
-    def owner_slot(rows, k_in, e, e_out, out, views):
+    def owner_slot(rows, k_in, e, e_out, out, views, draw=None):
         """:meth:`owner_step` from the received slots ``rows``
         (:meth:`row_views`, at most ``k_in`` entries each) into the slot of
         ``views``: 0, or :data:`~hpccomm.kernels.exact_topk.BAD_PACKET`, or
@@ -307,7 +307,7 @@ class TopK(PairCodec):
     def _sample_size(self, n, k):
         return n if k == n else self.sample_size(n)
 
-    def exact_count(self, n):
+    def exact_count(self, n, shape=None):
         k = self.max_count(n)
         return k if self._sample_size(n, k) == n else None
 

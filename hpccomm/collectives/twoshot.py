@@ -64,8 +64,9 @@ the same steps 2-5 (:meth:`TwoShot._fused_exchange`) through them, with the
 same collectives -- or, for a codec with kernels on laid-out packets
 (onebit, fp16, bf16, terngrad, fixed-width qsgd), only those kernels on
 packets laid out when the plan is made; and for ``topk`` and ``dgc`` where
-their selection is the exact top-k, and ``threshold``, their slot kernels
-(:mod:`hpccomm.kernels.exact_topk`, :mod:`hpccomm.kernels.threshold_slots`).
+their selection is the exact top-k, ``threshold`` and ``adaptive``, their
+slot kernels (:mod:`hpccomm.kernels.exact_topk`,
+:mod:`hpccomm.kernels.threshold_slots`, :mod:`hpccomm.kernels.adaptive_slots`).
 """
 
 import time
@@ -620,12 +621,15 @@ class _Slots:
     once, for a codec whose packets vary in size: its ``encode_slot``,
     ``owner_slot`` and ``decode_slot``, where they apply
     (:meth:`~hpccomm.codecs.sparsifier.SparseCodec.slot_count`: ``topk`` and
-    ``dgc`` where their selection is the exact top-k, ``threshold``).  A
-    packet a kernel refuses goes to the general path's step on the same
-    bytes, which raises its error."""
+    ``dgc`` where their selection is the exact top-k, ``threshold``,
+    ``adaptive``), a stochastic one's reading its chunk's
+    :class:`~hpccomm.codecs.base.Draw` (``SLOT_DRAWS``).  A packet a kernel
+    refuses goes to the general path's step on the same bytes, which raises
+    its error."""
 
-    __slots__ = ("codec", "exchange", "sends", "owner_packet", "owner_views", "rows",
-                 "owner_entries", "gathered", "received_headers", "gathered_headers")
+    __slots__ = ("codec", "exchange", "shape", "sends", "owner_packet", "owner_views",
+                 "owner_draw", "rows", "owner_entries", "gathered", "received_headers",
+                 "gathered_headers")
 
     @classmethod
     def lay_out(cls, codec, bounds, exchange, shape, memory):
@@ -636,21 +640,23 @@ class _Slots:
             return None
         r = exchange.rank
         chunks = list(zip(bounds[:-1], bounds[1:]))
-        ks = [entries(hi - lo) for lo, hi in chunks]
+        ks = [entries(hi - lo, shape) for lo, hi in chunks]
         if None in ks:
             return None
         self = cls()
-        self.codec, self.exchange = codec, exchange
+        self.codec, self.exchange, self.shape = codec, exchange, shape
         m = bounds[r + 1] - bounds[r]
-        self.sends = [(lo, hi, codec.slot_views(p, hi - lo))
+        feedback = memory.enabled
+        self.sends = [(lo, hi, codec.slot_views(p, hi - lo, shape), Draw(lo, feedback))
                       for (lo, hi), p in zip(chunks, exchange.send_slots())]
         self.owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
-        self.owner_views = codec.slot_views(self.owner_packet, m)
+        self.owner_views = codec.slot_views(self.owner_packet, m, shape)
+        self.owner_draw = Draw(bounds[r], feedback)
         received = exchange.received
-        self.rows = codec.row_views(received.buffer.reshape(len(chunks), -1))
+        self.rows = codec.row_views(received.buffer.reshape(len(chunks), -1), m, shape)
         self.owner_entries = ks[r]
         others = [j for j in range(len(chunks)) if j != r]
-        self.gathered = [(j, lo, hi, codec.row_views(exchange.gathered[j]), ks[j])
+        self.gathered = [(j, lo, hi, codec.row_views(exchange.gathered[j], hi - lo, shape), ks[j])
                          for j, (lo, hi) in enumerate(chunks) if j != r]
         self.received_headers = _Headers(codec, shape, received, range(len(chunks)),
                                          [m] * len(chunks), slotted=True)
@@ -660,22 +666,27 @@ class _Slots:
         return self
 
     def encode(self, x, e, e_out, seed, rank, step, size):
-        """Every chunk's encode; the error of the first with NaN/Inf, or None
-        (the slot kernels draw nothing)."""
+        """Every chunk's encode; the error of the first with NaN/Inf, or None."""
         codec = self.codec
-        for lo, hi, views in self.sends:
+        if codec.SLOT_DRAWS:    # this call's streams: as rank r, and as the owner P + r
+            key = codec.draw_key(seed, rank, step)
+            for _, _, _, draw in self.sends:
+                draw.key = key
+            self.owner_draw.key = codec.draw_key(seed, size + rank, step)
+        for lo, hi, views, draw in self.sends:
             bad = codec.encode_slot(views, x[lo:hi], None if e is None else e[lo:hi],
-                                    e_out[lo:hi])
+                                    e_out[lo:hi], draw)
             if bad:
                 return codec.nonfinite_error(bad)
         return None
 
     def owner(self, e, e_out, out):
         codec = self.codec
-        status = codec.owner_slot(self.rows, self.owner_entries, e, e_out, out, self.owner_views)
+        status = codec.owner_slot(self.rows, self.owner_entries, e, e_out, out, self.owner_views,
+                                  self.owner_draw)
         if status == BAD_PACKET:
             codec.owner_step([codec.packet_in_slot(p, out.size) for p in self.exchange.received],
-                             e, e_out, out, EncodeContext())
+                             e, e_out, out, EncodeContext(shape=self.shape))
             raise PacketError(f"{codec.name}: a packet received was refused")
         if status:
             raise codec.nonfinite_error(status)

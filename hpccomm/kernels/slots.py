@@ -1,6 +1,6 @@
-"""What the slot kernels share (:mod:`.exact_topk`, :mod:`.threshold_slots`):
-the status of a refused packet, the count in a slot's header, the NaN/Inf
-count, and the owner's ``w = acc + e``.
+"""What the slot kernels share (:mod:`.exact_topk`, :mod:`.threshold_slots`,
+:mod:`.adaptive_slots`): the status of a refused packet, the count in a
+slot's header, the NaN/Inf count, and the owner's ``w = acc + e``.
 
 A slot is a packet's bytes at its capacity, laid out once for a repeated
 small ``twoshot`` call (:class:`hpccomm.collectives.twoshot.TwoShotPlan`):
