@@ -546,6 +546,17 @@ class TwoShotPlan(RepeatPlan):
         call.t_decode += time.perf_counter() - t3
 
 
+def _set_streams(laid, seed, rank, step, size):
+    """This call's random streams into the draws of ``laid`` (a
+    :class:`_Packets` or :class:`_Slots`): as rank ``rank`` for its chunks'
+    encodes, as the owner ``size + rank`` for its owner step."""
+    codec = laid.codec
+    key = codec.draw_key(seed, rank, step)
+    for send in laid.sends:
+        send[-1].key = key
+    laid.owner_draw.key = codec.draw_key(seed, size + rank, step)
+
+
 class _Packets:
     """The kernels of :meth:`TwoShotPlan._reduce_laid_out` on fixed-size
     packets laid out once: the codec's ``encode_views``, ``owner_views`` and
@@ -593,11 +604,8 @@ class _Packets:
     def encode(self, x, e, e_out, seed, rank, step, size):
         """Every chunk's encode; the error of the first with NaN/Inf, or None."""
         codec = self.codec
-        if codec.stochastic:    # this call's streams: as rank r, and as the owner P + r
-            key = codec.draw_key(seed, rank, step)
-            for _, _, _, draw in self.sends:
-                draw.key = key
-            self.owner_draw.key = codec.draw_key(seed, size + rank, step)
+        if codec.stochastic:
+            _set_streams(self, seed, rank, step, size)
         for lo, hi, views, draw in self.sends:
             bad = codec.encode_views(views, x[lo:hi], None if e is None else e[lo:hi],
                                      e_out[lo:hi], draw)
@@ -668,11 +676,8 @@ class _Slots:
     def encode(self, x, e, e_out, seed, rank, step, size):
         """Every chunk's encode; the error of the first with NaN/Inf, or None."""
         codec = self.codec
-        if codec.SLOT_DRAWS:    # this call's streams: as rank r, and as the owner P + r
-            key = codec.draw_key(seed, rank, step)
-            for _, _, _, draw in self.sends:
-                draw.key = key
-            self.owner_draw.key = codec.draw_key(seed, size + rank, step)
+        if codec.SLOT_DRAWS:
+            _set_streams(self, seed, rank, step, size)
         for lo, hi, views, draw in self.sends:
             bad = codec.encode_slot(views, x[lo:hi], None if e is None else e[lo:hi],
                                     e_out[lo:hi], draw)
