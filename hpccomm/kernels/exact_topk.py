@@ -12,8 +12,7 @@ its indices in ``words_i[:c]`` and its values in ``words_f[c:2 c]``.
 The selection is the codec's at ``s == n``: the ``k`` entries of largest
 magnitude, ties at the cut to the lower indices, zeros never sent (all
 non-zeros when fewer than ``k``), in index order -- from the ``k``-th largest
-magnitude (a descending list of the ``k`` largest for ``k`` up to
-:data:`~hpccomm.kernels.sparsify.SMALL_K`, else a quickselect) and one pass.
+magnitude (:func:`~hpccomm.kernels.slots.kth_magnitude`) and one pass.
 Every kernel checks before it writes: a packet that announces too many
 entries or indices out of order, and NaN/Inf in what it selects from, are
 reported (the caller raises the codec's own error by running the general
@@ -22,8 +21,7 @@ path's step on the same bytes).
 import numpy as np
 from numba import njit
 
-from .slots import BAD_PACKET, count_nonfinite, owner_sum, put_count
-from .sparsify import SMALL_K, _insert_desc, _kth_largest_inplace
+from .slots import BAD_PACKET, count_nonfinite, kth_magnitude, owner_sum, put_count
 
 __all__ = ["BAD_PACKET", "encode_slot", "owner_slot", "decode_slot"]
 
@@ -33,21 +31,12 @@ def _top_into(v, k, mags, slot, words_i, words_f):
     """The exact top-``k`` of finite ``v`` into ``slot`` (count, indices,
     values); ``mags``: scratch of ``v.size``.  Returns the count."""
     n = v.size
-    t = np.float32(0.0)
-    if 0 < k <= SMALL_K and k < n:  # a descending list of the k largest: few enter it
-        filled = 0
+    if 0 < k < n:
+        t, greater = kth_magnitude(v, k, mags)
+    else:                       # every non-zero
+        t, greater = np.float32(0.0), 0
         for i in range(n):
-            a = abs(v[i])
-            if filled < k or a > mags[k - 1]:
-                filled = _insert_desc(mags, filled, k, a)
-        t = mags[k - 1]
-    elif k < n:
-        for i in range(n):
-            mags[i] = abs(v[i])
-        t = _kth_largest_inplace(mags, n, k)
-    greater = 0
-    for i in range(n):
-        greater += abs(v[i]) > t
+            greater += abs(v[i]) > t
     if t > 0:                   # k entries: all above the cut, the first ties at it
         c, ties = k, k - greater
     else:                       # fewer than k non-zeros: all of them

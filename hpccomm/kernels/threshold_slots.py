@@ -25,8 +25,8 @@ import math
 import numpy as np
 from numba import njit
 
-from .slots import BAD_PACKET, count_nonfinite, owner_sum, put_count
-from .sparsify import _kth_largest_inplace, _sum_squares_of
+from .slots import BAD_PACKET, count_nonfinite, kth_magnitude, owner_sum, put_count
+from .sparsify import _sum_squares_of
 
 __all__ = ["BAD_PACKET", "encode_slot", "owner_slot", "decode_slot"]
 
@@ -60,12 +60,7 @@ def _quanta_into(v, tau, cap, mags, slot, tau_view, words, subtract):
         cut = tau
         ties = n            # every candidate at the cut is taken
         if count > cap:     # the cap largest: the cap-th largest magnitude, ties low
-            for i in range(n):
-                mags[i] = abs(v[i])
-            cut = _kth_largest_inplace(mags, n, cap)
-            greater = 0
-            for i in range(n):
-                greater += abs(v[i]) > cut
+            cut, greater = kth_magnitude(v, cap, mags)
             ties = cap - greater
         for i in range(n):
             a = abs(v[i])
