@@ -174,9 +174,6 @@ class Codec:
     #: the summable form honours ``EncodeContext.feedback`` (False: algorithm
     #: ``summable`` refuses error feedback with this codec)
     summable_feedback: ClassVar[bool] = True
-    #: the owner step's packet may be larger than :meth:`max_wire_size`
-    #: (its codes are sums of the ranks' codes)
-    owner_grows: ClassVar[bool] = False
     #: the pieces of a chunk are encoded against a statistic of the whole
     #: chunk (see :meth:`segment_unit`)
     chunk_statistic: ClassVar[bool] = False
@@ -293,14 +290,12 @@ class Codec:
         """Bytes that hold any packet of ``n`` elements of a tensor of
         ``shape`` that this codec writes, in an encode or an owner step: its
         fixed size, else :meth:`max_wire_size`; None where the codec has no
-        such bound (:attr:`owner_grows`, or none at all).  A slot of this
-        size carries a packet whose own size the header gives
-        (:meth:`packet_in_slot`)."""
+        such bound (a codec whose owner packets outgrow :meth:`max_wire_size`
+        overrides this).  A slot of this size carries a packet whose own
+        size the header gives (:meth:`packet_in_slot`)."""
         size = self.wire_size_for(n, shape)
         if size is not None:
             return size
-        if self.owner_grows:
-            return None
         try:
             return self.max_wire_size(n)
         except NotImplementedError:

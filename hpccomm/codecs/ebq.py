@@ -172,8 +172,10 @@ class EbqCodec(Codec):
         return min(2.0, max(1e-5 * max(1, nranks), 2.0 * self.step))
 
     # -- sizes -------------------------------------------------------------
-    #: the owner's packet holds summed codes, wider than a worker's
-    owner_grows = True
+    def capacity_for(self, n, shape):
+        """None: the owner's packet holds summed codes, wider than a
+        worker's, so :meth:`max_wire_size` bounds only the workers'."""
+        return None
 
     def max_wire_size(self, n):
         C = -(-n // BLOCK)
