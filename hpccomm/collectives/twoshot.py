@@ -546,26 +546,64 @@ class TwoShotPlan(RepeatPlan):
         call.t_decode += time.perf_counter() - t3
 
 
-def _set_streams(laid, seed, rank, step, size):
-    """This call's random streams into the draws of ``laid`` (a
-    :class:`_Packets` or :class:`_Slots`): as rank ``rank`` for its chunks'
-    encodes, as the owner ``size + rank`` for its owner step."""
-    codec = laid.codec
-    key = codec.draw_key(seed, rank, step)
-    for send in laid.sends:
-        send[-1].key = key
-    laid.owner_draw.key = codec.draw_key(seed, size + rank, step)
+class _LaidOut:
+    """What :class:`_Packets` and :class:`_Slots` share: per chunk ``(lo,
+    hi, views, draw)`` of its packet in the all-to-all's send buffer, the
+    owner's packet, views and draw, the checks of the received and gathered
+    headers; and the encodes of every chunk (``encode_chunk``: the codec's
+    kernel), their random streams set once per call where the codec's
+    kernels draw (``draws``)."""
+
+    __slots__ = ("codec", "draws", "encode_chunk", "sends", "owner_packet", "owner_views",
+                 "owner_draw", "received_headers", "gathered_headers")
+
+    def _lay_out_packets(self, codec, bounds, exchange, shape, memory, bind, slotted):
+        """The send packets, the owner's and the header checks, each packet
+        laid out by ``bind(packet, n, shape)`` (its views); returns the
+        chunks' ``(lo, hi)``."""
+        r = exchange.rank
+        chunks = list(zip(bounds[:-1], bounds[1:]))
+        m = bounds[r + 1] - bounds[r]
+        feedback = memory.enabled
+        self.codec = codec
+        self.sends = [(lo, hi, bind(p, hi - lo, shape), Draw(lo, feedback))
+                      for (lo, hi), p in zip(chunks, exchange.send_slots())]
+        self.owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
+        self.owner_views = bind(self.owner_packet, m, shape)
+        self.owner_draw = Draw(bounds[r], feedback)
+        others = [j for j in range(len(chunks)) if j != r]
+        self.received_headers = _Headers(codec, shape, exchange.received, range(len(chunks)),
+                                         [m] * len(chunks), slotted=slotted)
+        self.gathered_headers = _Headers(codec, shape, exchange.gathered, others,
+                                         [chunks[j][1] - chunks[j][0] for j in others],
+                                         slotted=slotted)
+        return chunks
+
+    def encode(self, x, e, e_out, seed, rank, step, size):
+        """Every chunk's encode; the error of the first with NaN/Inf, or None."""
+        codec = self.codec
+        if self.draws:      # this call's streams: as rank r, and as the owner P + r
+            key = codec.draw_key(seed, rank, step)
+            for send in self.sends:
+                send[-1].key = key
+            self.owner_draw.key = codec.draw_key(seed, size + rank, step)
+        encode_chunk = self.encode_chunk
+        for lo, hi, views, draw in self.sends:
+            bad = encode_chunk(views, x[lo:hi], None if e is None else e[lo:hi], e_out[lo:hi],
+                               draw)
+            if bad and (err := codec.nonfinite_error(bad)) is not None:
+                return err
+        return None
 
 
-class _Packets:
+class _Packets(_LaidOut):
     """The kernels of :meth:`TwoShotPlan._reduce_laid_out` on fixed-size
     packets laid out once: the codec's ``encode_views``, ``owner_views`` and
     ``decode_views`` (:meth:`~hpccomm.codecs.base.Codec.lays_out`), each
     stochastic encode reading its chunk's :class:`~hpccomm.codecs.base.Draw`,
     whose key is set once per call."""
 
-    __slots__ = ("codec", "sends", "owner_packet", "owner_views", "owner_draw", "rows",
-                 "gathered", "received_headers", "gathered_headers")
+    __slots__ = ("rows", "gathered")
 
     @classmethod
     def lay_out(cls, codec, bounds, exchange, shape, memory):
@@ -574,44 +612,21 @@ class _Packets:
         if not codec.lays_out:
             return None
         r = exchange.rank
-        chunks = list(zip(bounds[:-1], bounds[1:]))
         received = exchange.received
-        m = bounds[r + 1] - bounds[r]
-        rows = codec.payload_row_views(received, m, shape)
+        rows = codec.payload_row_views(received, bounds[r + 1] - bounds[r], shape)
         if received.stride is None or not all(
                 np.shares_memory(a, received.buffer) for a in (rows if isinstance(rows, tuple)
                                                                else (rows,))
                 if isinstance(a, np.ndarray) and a.size):
             return None     # the rows would be a copy made now, not a view of what arrives
         self = cls()
-        self.codec = codec
-        feedback = memory.enabled
-        self.sends = [(lo, hi, codec.bind_packet(p, hi - lo, shape), Draw(lo, feedback))
-                      for (lo, hi), p in zip(chunks, exchange.send_slots())]
-        self.owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
-        self.owner_views = codec.bind_packet(self.owner_packet, m, shape)
-        self.owner_draw = Draw(bounds[r], feedback)
+        chunks = self._lay_out_packets(codec, bounds, exchange, shape, memory,
+                                       codec.bind_packet, False)
+        self.draws, self.encode_chunk = codec.stochastic, codec.encode_views
         self.rows = rows
-        others = [j for j in range(len(chunks)) if j != r]
         self.gathered = [(lo, hi, codec.payload_views(exchange.gathered[j], hi - lo, shape))
                          for j, (lo, hi) in enumerate(chunks) if j != r]
-        self.received_headers = _Headers(codec, shape, received, range(len(chunks)),
-                                         [m] * len(chunks))
-        self.gathered_headers = _Headers(codec, shape, exchange.gathered, others,
-                                         [chunks[j][1] - chunks[j][0] for j in others])
         return self
-
-    def encode(self, x, e, e_out, seed, rank, step, size):
-        """Every chunk's encode; the error of the first with NaN/Inf, or None."""
-        codec = self.codec
-        if codec.stochastic:
-            _set_streams(self, seed, rank, step, size)
-        for lo, hi, views, draw in self.sends:
-            bad = codec.encode_views(views, x[lo:hi], None if e is None else e[lo:hi],
-                                     e_out[lo:hi], draw)
-            if bad and (err := codec.nonfinite_error(bad)) is not None:
-                return err
-        return None
 
     def owner(self, e, e_out, out):
         codec = self.codec
@@ -624,7 +639,7 @@ class _Packets:
             self.codec.decode_views(views, out[lo:hi], False)
 
 
-class _Slots:
+class _Slots(_LaidOut):
     """The kernels of :meth:`TwoShotPlan._reduce_laid_out` on slots laid out
     once, for a codec whose packets vary in size: its ``encode_slot``,
     ``owner_slot`` and ``decode_slot``, where they apply
@@ -635,9 +650,7 @@ class _Slots:
     refuses goes to the general path's step on the same bytes, which raises
     its error."""
 
-    __slots__ = ("codec", "exchange", "shape", "sends", "owner_packet", "owner_views",
-                 "owner_draw", "rows", "owner_entries", "gathered", "received_headers",
-                 "gathered_headers")
+    __slots__ = ("exchange", "shape", "rows", "owner_entries", "gathered")
 
     @classmethod
     def lay_out(cls, codec, bounds, exchange, shape, memory):
@@ -646,44 +659,21 @@ class _Slots:
         entries = getattr(codec, "slot_count", None)
         if entries is None or codec.nonfinite != "raise":
             return None
-        r = exchange.rank
-        chunks = list(zip(bounds[:-1], bounds[1:]))
-        ks = [entries(hi - lo, shape) for lo, hi in chunks]
+        ks = [entries(hi - lo, shape) for lo, hi in zip(bounds[:-1], bounds[1:])]
         if None in ks:
             return None
+        r = exchange.rank
         self = cls()
-        self.codec, self.exchange, self.shape = codec, exchange, shape
-        m = bounds[r + 1] - bounds[r]
-        feedback = memory.enabled
-        self.sends = [(lo, hi, codec.slot_views(p, hi - lo, shape), Draw(lo, feedback))
-                      for (lo, hi), p in zip(chunks, exchange.send_slots())]
-        self.owner_packet = np.zeros(exchange.gather_counts[r], np.uint8)
-        self.owner_views = codec.slot_views(self.owner_packet, m, shape)
-        self.owner_draw = Draw(bounds[r], feedback)
-        received = exchange.received
-        self.rows = codec.row_views(received.buffer.reshape(len(chunks), -1), m, shape)
+        chunks = self._lay_out_packets(codec, bounds, exchange, shape, memory,
+                                       codec.slot_views, True)
+        self.draws, self.encode_chunk = codec.SLOT_DRAWS, codec.encode_slot
+        self.exchange, self.shape = exchange, shape
+        self.rows = codec.row_views(exchange.received.buffer.reshape(len(chunks), -1),
+                                    bounds[r + 1] - bounds[r], shape)
         self.owner_entries = ks[r]
-        others = [j for j in range(len(chunks)) if j != r]
         self.gathered = [(j, lo, hi, codec.row_views(exchange.gathered[j], hi - lo, shape), ks[j])
                          for j, (lo, hi) in enumerate(chunks) if j != r]
-        self.received_headers = _Headers(codec, shape, received, range(len(chunks)),
-                                         [m] * len(chunks), slotted=True)
-        self.gathered_headers = _Headers(codec, shape, exchange.gathered, others,
-                                         [chunks[j][1] - chunks[j][0] for j in others],
-                                         slotted=True)
         return self
-
-    def encode(self, x, e, e_out, seed, rank, step, size):
-        """Every chunk's encode; the error of the first with NaN/Inf, or None."""
-        codec = self.codec
-        if codec.SLOT_DRAWS:
-            _set_streams(self, seed, rank, step, size)
-        for lo, hi, views, draw in self.sends:
-            bad = codec.encode_slot(views, x[lo:hi], None if e is None else e[lo:hi],
-                                    e_out[lo:hi], draw)
-            if bad:
-                return codec.nonfinite_error(bad)
-        return None
 
     def owner(self, e, e_out, out):
         codec = self.codec
