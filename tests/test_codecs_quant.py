@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 import hpccomm
 from hpccomm.codecs.base import HEADER, HEADER_SIZE, VECTOR_COLUMN, EncodeContext
+from hpccomm.codecs.randk import index_key, random_indices
 from hpccomm.errors import NonFiniteError, PacketError
 from hpccomm.kernels.rng import stream_key, uniform_array
 
@@ -794,7 +795,8 @@ FUSED = [("onebit", {}), ("onebit", {"col_len": 7}), ("onebit", {"col_len": 4097
          ("qsgd", {"rotate": True, "norm": "max"}), ("onebit", {"rotate": True, "rotate_block": 64}),
          ("fp8", {"rotate": True, "rotate_block": 2}),
          ("qsgd", {"elias": True}), ("qsgd", {"bits": 2, "bucket": 7, "elias": True}),
-         ("qsgd", {"elias": True, "rotate": True})]
+         ("qsgd", {"elias": True, "rotate": True}),
+         ("randk", {}), ("randk", {"ratio": 0.3, "unbiased": False}), ("randk", {"ratio": 1.0})]
 
 
 @pytest.mark.parametrize("n", [0, 1, 31, 33, 1000, 4097 * 3 + 5, 70_001])
@@ -825,7 +827,8 @@ def test_encode_with_feedback_is_encode_decode_subtract(name, params, n, has_e):
 
 
 @pytest.mark.parametrize("name,params", [("terngrad", {}), ("terngrad", {"clip": None}),
-                                         ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 7})])
+                                         ("qsgd", {}), ("qsgd", {"bits": 2, "bucket": 7}),
+                                         ("randk", {"ratio": 0.1})])
 @pytest.mark.parametrize("n", [0, 1, 33, 4097 * 3 + 5])
 @pytest.mark.parametrize("has_e", [False, True])
 def test_stochastic_fused_kernels_draw_with_the_context(name, params, n, has_e):
@@ -930,15 +933,21 @@ def test_feedback_form_is_contractive(name, params):
 
 
 @pytest.mark.parametrize("name", ["onebit", "fp16", "bf16", "fp8", "topk", "dgc", "threshold",
-                                  "adaptive", "terngrad", "qsgd", "qsgd+rotate"])
-def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name):
+                                  "adaptive", "terngrad", "qsgd", "qsgd+rotate", "randk"])
+@pytest.mark.parametrize("where", ["x", "x + e"])
+def test_encode_with_feedback_raises_on_nonfinite_and_keeps_the_residual(name, where):
+    """An infinity in ``x``, or a finite ``x`` and ``e`` whose sum
+    overflows: the count is of ``v = x + e``."""
     x = np.arange(10, dtype=np.float32)
-    x[7] = np.inf
     e = np.ones(10, np.float32)
+    if where == "x":
+        x[7] = np.inf
+    else:
+        x[7] = e[7] = np.float32(3e38)
     with pytest.raises(NonFiniteError, match="1 NaN/Inf"):
         hpccomm.get_codec(name).encode_with_feedback(x, e, np.empty(10, np.float32),
                                                      EncodeContext())
-    assert (e == 1).all()
+    assert e[7] == (1 if where == "x" else np.float32(3e38))
     out = np.empty(10, np.float32)
     hpccomm.get_codec(name, nonfinite="propagate").encode_with_feedback(x, e, out,
                                                                         EncodeContext())
@@ -1000,7 +1009,8 @@ OWNER = [("onebit", {}), ("onebit", {"col_len": 7}), ("fp16", {}), ("bf16", {}),
          ("qsgd", {"bits": 2, "bucket": 7, "rotate": True, "rotate_block": 4}),
          ("onebit", {"rotate": True, "rotate_block": 8}),
          ("qsgd", {"bits": 2, "bucket": 7, "elias": True}),
-         ("adaptive", {}), ("adaptive", {"proportion": 4, "col_len": 7})]
+         ("adaptive", {}), ("adaptive", {"proportion": 4, "col_len": 7}),
+         ("randk", {}), ("randk", {"ratio": 0.3, "unbiased": False})]
 
 
 def owner_reference(codec, received, e, m, ctx):
@@ -1106,6 +1116,56 @@ def test_qsgd_owner_step_takes_the_fields_from_the_packets():
         owner.owner_step(packets[:2] + other, e, e_out, out, ctx)
     with pytest.raises(PacketError, match="holds 3000 elements"):
         owner.owner_step(packets, e[:-1], e_out[:-1], out[:-1], ctx)
+
+
+@pytest.mark.parametrize("unbiased", [True, False])
+def test_randk_owner_step_decodes_each_packet_at_its_own_indices(unbiased):
+    """A received packet drawn under another key (another step: a rank out
+    of step, or a corrupted key) decodes where its own key says, as the
+    separate steps decode it; the owner packet keeps the owner's key."""
+    m = 3000
+    codec = hpccomm.get_codec("randk", ratio=0.02, unbiased=unbiased)
+    packets, slots, e, ctx = owner_inputs("randk", {"ratio": 0.02, "unbiased": unbiased}, 3,
+                                          m, seed=8)
+    stray = codec.encode(np.random.default_rng(9).standard_normal(m).astype(np.float32),
+                         EncodeContext(seed=2, rank=1, step=8, offset=5))
+    assert stray[HEADER_SIZE:HEADER_SIZE + 8].tobytes() != \
+        packets[1][HEADER_SIZE:HEADER_SIZE + 8].tobytes()
+    for received in (packets[:1] + [stray] + packets[2:], [stray] * 3):
+        want_packet, want_out, want_e = owner_reference(codec, received, e, m, ctx)
+        out, e_out = np.empty(m, np.float32), np.empty(m, np.float32)
+        assert codec.owner_step(received, e, e_out, out, ctx).tobytes() == \
+            want_packet.tobytes()
+        assert out.view(np.uint32).tolist() == want_out.view(np.uint32).tolist()
+        assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
+    with pytest.raises(ValueError, match="e must be contiguous"):
+        codec.owner_step(packets, e[:-1], e_out, out, ctx)
+
+
+@pytest.mark.parametrize("bad", [np.inf, np.nan])
+@pytest.mark.parametrize("stray", [False, True])
+def test_randk_owner_step_propagates_at_the_sent_indices(bad, stray):
+    """A non-finite ``w`` at two indices the owner sends (with every packet
+    of the owner's key, or one ``stray`` of another): counted once each
+    under ``nonfinite="raise"``; under ``"propagate"`` the packet carries
+    them and the residual there is ``w - w`` (NaN), as decode and subtract
+    leave it."""
+    m = 1000
+    codec = hpccomm.get_codec("randk", ratio=0.05, nonfinite="propagate")
+    packets, _, e, ctx = owner_inputs("randk", {"ratio": 0.05}, 2, m, seed=5)
+    if stray:
+        packets[1] = codec.encode(np.ones(m, np.float32), replace(ctx, step=ctx.step + 1))
+    sent = random_indices(index_key(ctx.seed, ctx.step, ctx.offset), m, codec.count(m))
+    e[sent[[0, -1]]] = bad
+    with pytest.raises(NonFiniteError, match="holds 2 NaN/Inf"):
+        hpccomm.get_codec("randk", ratio=0.05).owner_step(
+            packets, e, np.empty(m, np.float32), np.empty(m, np.float32), ctx)
+    want_packet, want_out, want_e = owner_reference(codec, packets, e, m, ctx)
+    assert np.isnan(want_e[sent[0]])
+    out, e_out = np.empty(m, np.float32), np.empty(m, np.float32)
+    assert codec.owner_step(packets, e, e_out, out, ctx).tobytes() == want_packet.tobytes()
+    assert out.view(np.uint32).tolist() == want_out.view(np.uint32).tolist()
+    assert e_out.view(np.uint32).tolist() == want_e.view(np.uint32).tolist()
 
 
 class _Received(list):

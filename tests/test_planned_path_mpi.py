@@ -17,9 +17,9 @@ from .helpers import (COMM, OUT_MODES, RANK, SIZE, digest, input_and_out, raise_
 pytestmark = pytest.mark.mpi
 
 #: codecs with fixed-size packets and an owner step
-PLANNED = ["onebit", "fp16", "bf16", "qsgd", "terngrad", "fp8"]
+PLANNED = ["onebit", "fp16", "bf16", "qsgd", "terngrad", "fp8", "randk"]
 #: those whose plan runs their kernels on packets laid out once
-LAID_OUT = ["onebit", "fp16", "bf16", "terngrad", "qsgd"]
+LAID_OUT = ["onebit", "fp16", "bf16", "terngrad", "qsgd", "randk"]
 
 
 def planned_path(codec):
@@ -135,7 +135,8 @@ def test_a_rank_on_the_general_path_meets_the_others_on_the_plan(codec):
 @pytest.mark.mpi(min_size=2)
 @pytest.mark.parametrize("codec,ef", [("onebit", True), ("qsgd", False),   # the check deferred /
                                        ("fp16", True), ("bf16", False),    # made before
-                                       ("terngrad", True), ("terngrad", False)])
+                                       ("terngrad", True), ("terngrad", False),
+                                       ("randk", True), ("randk", False)])
 def test_nan_on_one_rank_after_planned_calls_is_raised_everywhere(codec, ef):
     """A NaN on one rank: its fused encode counts it (onebit with error
     feedback: the check waits for the encode) or the reducer's scan finds it

@@ -41,6 +41,16 @@ Owner stage of ``twoshot`` (:meth:`reencode`): the owner's sum of decoded
 chunks is zero off the shared indices, so it is sent exactly there, without a
 second ``n / k`` scaling -- lossless, no owner residual.
 
+Fused kernels (:mod:`hpccomm.kernels.randk`): ``encode_with_feedback`` (one
+pass: ``v = x + e``, the NaN/Inf count, ``e_out``; then the ``k`` values)
+and ``owner_step`` (the rank-order sum at each packet's own indices, ``w =
+acc + e``, the owner packet, ``e_out`` and ``out`` in two passes over the
+chunk), and both on packets laid out once (``payload_views``,
+``encode_views``, ``owner_views``, ``decode_views``), which ``twoshot``'s plan
+of a repeated small call runs.  Each kernel regenerates the indices from
+the key.  The numpy steps above (``encode``, ``decode``, ``reencode``) stay
+the reference they are tested against.
+
 Summable form: the indices are shared, so the values sum position by
 position.  ``shared_scale`` is None; ``to_summable`` is a float32 vector of
 ``k + 9`` entries::
@@ -59,10 +69,11 @@ PacketError.
 import numpy as np
 
 from ..errors import PacketError
+from ..kernels import randk as F
 from ..kernels import sparsify as K
 from ..kernels.rng import hash_index_cpu, stream_key
 from .sparsifier import check_fraction, index_dtype, payload_view
-from .base import HEADER_SIZE, Codec, EncodeContext, register_codec
+from .base import HEADER_SIZE, Codec, Draw, EncodeContext, payload_rows, register_codec
 from .topk import top_count
 
 SALT = 0x72616E64  # "rand"
@@ -73,9 +84,14 @@ SIDE = 9
 MAX_RANKS = (2 ** 24 - 1) // 255
 
 
+def index_stream(seed: int, step: int) -> np.uint64:
+    """The rank-independent stream of one call's index keys."""
+    return stream_key(seed, 0, step, SALT)
+
+
 def index_key(seed: int, step: int, offset: int) -> np.uint64:
-    """The rank-independent key the indices of one call are drawn from."""
-    return hash_index_cpu(stream_key(seed, 0, step, SALT), np.uint64(offset))
+    """The rank-independent key the indices of the chunk at ``offset`` are drawn from."""
+    return hash_index_cpu(index_stream(seed, step), np.uint64(offset))
 
 
 def random_indices(key: np.uint64, n: int, k: int) -> np.ndarray:
@@ -167,6 +183,87 @@ class RandK(Codec):
         if not add:
             out[:] = 0
         K.scatter(out, random_indices(key, n, k), vals, add)
+
+    # -- fused kernels, also on packets laid out once (see Codec.bind_packet) --
+    def draw_key(self, seed, rank, step):
+        """The call's index stream: the rank is left out, so that every rank
+        (and every owner) draws the same indices."""
+        return index_stream(seed, step)
+
+    def header_extra(self, n, shape):
+        return self.count(n)
+
+    def payload_views(self, packet, n, shape):
+        """``(key words, values)``: the index key as two uint32 and the ``k``
+        float32 values of a packet of ``n`` elements."""
+        return (packet[HEADER_SIZE:PREFIX].view(np.uint32),
+                packet[PREFIX:PREFIX + 4 * self.count(n)].view(np.float32))
+
+    def payload_row_views(self, packets, m, shape):
+        """``(key words, values)`` of the packets of one chunk of ``m``, as rows."""
+        return (payload_rows(packets, HEADER_SIZE, np.uint32, 2),
+                payload_rows(packets, PREFIX, np.float32, self.count(m)))
+
+    def _encode_fields(self, views, x, e, e_out, draw, count):
+        """The kernel of :meth:`encode_with_feedback` into ``views``: scaled
+        when unbiased and not under ``draw.feedback``; ``e_out`` written when
+        given.  Returns the NaN/Inf count (0 without ``count``)."""
+        key_words, vals = views
+        k = vals.size
+        scaled = self.unbiased and k > 0 and not draw.feedback
+        return F.randk_encode(x, e, draw.key, draw.offset,
+                              np.float32(x.size / k if scaled else 1.0), scaled, count,
+                              key_words, vals, e_out)
+
+    def encode_views(self, views, x, e, e_out, draw):
+        """:meth:`encode_with_feedback` into ``views`` as ``draw``; the residual
+        only under ``draw.feedback``."""
+        return self._encode_fields(views, x, e, e_out if draw.feedback else None, draw,
+                                   self.nonfinite == "raise")
+
+    def owner_views(self, rows, e, e_out, out, views, draw):
+        """:meth:`owner_step` from the received ``rows`` into ``views`` as ``draw``."""
+        key_words, vals = views
+        return F.randk_owner(rows[0], rows[1], e, draw.key, draw.offset, key_words, vals,
+                             e_out, out)
+
+    @staticmethod
+    def decode_views(views, out, add):
+        F.randk_decode(views[0], views[1], out, add)
+
+    def encode_with_feedback(self, x, e, e_out, ctx):
+        """The packet of ``v = x + e`` (``v = x`` for ``e=None``) and ``e_out =
+        v - decode(packet)`` in one pass over ``v``
+        (:func:`~hpccomm.kernels.randk.randk_encode`); the bits of encode,
+        decode and subtract."""
+        x, e, e_out = self._feedback_arrays(x, e, e_out)
+        packet, views = self.new_bound_packet(x.size, ctx.shape)
+        count = self.nonfinite == "raise" and not (ctx.finite and e is None)
+        draw = Draw(ctx.offset, ctx.feedback, self.draw_key(ctx.seed, ctx.rank, ctx.step))
+        self._raise_nonfinite(self._encode_fields(views, x, e, e_out, draw, count))
+        return packet
+
+    def owner_step(self, received, e, e_out, out, ctx):
+        """The owner stage of ``twoshot`` in one kernel
+        (:func:`~hpccomm.kernels.randk.randk_owner`): the rank-order sum of
+        the received packets into ``out``, ``w = acc + e`` (``e=None``: no
+        residual yet), the owner packet of ``w`` (:meth:`reencode`), ``e_out
+        = w - decode(packet)`` (``e_out=None``: no owner residual) and ``out
+        = decode(packet)``.  The bits of decode-add, compensate, re-encode,
+        decode and subtract.  Returns the packet."""
+        m = out.size
+        for packet in received:
+            self.check_packet(packet, out)
+        for name, a in (("e", e), ("e_out", e_out)):
+            if a is not None and (not isinstance(a, np.ndarray) or a.dtype != np.float32
+                                  or a.ndim != 1 or a.size != m or not a.flags.c_contiguous):
+                raise ValueError(f"{self.name}: {name} must be contiguous 1-D float32 of "
+                                 f"{m} elements")
+        packet, views = self.new_bound_packet(m, ctx.shape)
+        draw = Draw(ctx.offset, ctx.feedback, self.draw_key(ctx.seed, ctx.rank, ctx.step))
+        self._raise_nonfinite(self.owner_views(self.payload_row_views(received, m, ctx.shape),
+                                               e, e_out, out, views, draw))
+        return packet
 
     # -- summable form -------------------------------------------------------------
     def shared_scale(self, x):

@@ -62,7 +62,7 @@ keeps a :class:`TwoShotPlan`: the chunk plan, a transport and both
 transfers' buffers, counts and MPI arguments, made once; its next calls run
 the same steps 2-5 (:meth:`TwoShot._fused_exchange`) through them, with the
 same collectives -- or, for a codec with kernels on laid-out packets
-(onebit, fp16, bf16, terngrad, fixed-width qsgd), only those kernels on
+(onebit, fp16, bf16, terngrad, fixed-width qsgd, randk), only those kernels on
 packets laid out when the plan is made; and for ``topk`` and ``dgc`` where
 their selection is the exact top-k, ``threshold`` and ``adaptive``, their
 slot kernels (:mod:`hpccomm.kernels.exact_topk`,
