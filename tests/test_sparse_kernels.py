@@ -446,21 +446,27 @@ def test_a_record_with_a_bad_header_or_indices_is_a_packet_error():
 
 
 @pytest.mark.parametrize("n", [1, 7, 1000, 25_601])
-def test_kth_largest_is_the_order_statistic(n):
-    """Against a full sort, every k, with ties, zeros and NaN (which counts as
-    the largest value); the input is left as it was."""
+@pytest.mark.parametrize("zeros", ["a seventh", "all but a tenth", "half", "all"])
+def test_kth_largest_is_the_order_statistic(n, zeros):
+    """Against a full sort, every k -- around the count of non-zero values
+    too, where the mostly-zero magnitudes are selected from their non-zero
+    values -- with ties, zeros and NaN (which counts as the largest value);
+    the input is left as it was."""
     from hpccomm.kernels import sparsify as S
 
     rng = np.random.default_rng(n)
     a = np.abs(rng.standard_normal(n)).astype(np.float32)
     a[rng.choice(n, n // 3, replace=False)] = np.float32(0.5)     # ties
-    a[: n // 7] = 0.0
-    if n > 1:
-        a[n // 2] = np.nan
+    zero = {"a seventh": n // 7, "all but a tenth": n - n // 10, "half": n - n // 2,
+            "all": n}[zeros]
+    a[rng.permutation(n)[:zero]] = 0.0
+    if n > 1 and np.count_nonzero(a):
+        a[np.flatnonzero(a)[0]] = np.nan
     before = a.copy()
     desc = np.sort(a)[::-1]
     desc = np.concatenate([desc[np.isnan(desc)], desc[~np.isnan(desc)]])
-    for k in sorted(k for k in {1, 2, n // 2, n - 1, n} if 1 <= k <= n):
+    c = np.count_nonzero(a)
+    for k in sorted(k for k in {1, 2, n // 2, n - 1, n, c - 1, c, c + 1} if 1 <= k <= n):
         got = S.kth_largest(a, k)
         assert got.dtype == np.float32
         np.testing.assert_array_equal(got, desc[k - 1], err_msg=f"k={k}")

@@ -43,9 +43,10 @@ second ``n / k`` scaling -- lossless, no owner residual.
 
 Fused kernels (:mod:`hpccomm.kernels.randk`): ``encode_with_feedback`` (one
 pass: ``v = x + e``, the NaN/Inf count, ``e_out``; then the ``k`` values)
-and ``owner_step`` (the rank-order sum at each packet's own indices, ``w =
-acc + e``, the owner packet, ``e_out`` and ``out`` in two passes over the
-chunk), and both on packets laid out once (``payload_views``,
+and ``owner_step`` (the rank-order sum of the packets at the ``k`` shared
+indices, then one pass over the chunk for ``w = 0 + e``, ``e_out`` and
+``out``; a packet of another key is decoded where its key says, as
+:meth:`decode` does), and both on packets laid out once (``payload_views``,
 ``encode_views``, ``owner_views``, ``decode_views``), which ``twoshot``'s plan
 of a repeated small call runs.  Each kernel regenerates the indices from
 the key.  The numpy steps above (``encode``, ``decode``, ``reencode``) stay
@@ -246,7 +247,7 @@ class RandK(Codec):
     def owner_step(self, received, e, e_out, out, ctx):
         """The owner stage of ``twoshot`` in one kernel
         (:func:`~hpccomm.kernels.randk.randk_owner`): the rank-order sum of
-        the received packets into ``out``, ``w = acc + e`` (``e=None``: no
+        the received packets, ``w = acc + e`` (``e=None``: no
         residual yet), the owner packet of ``w`` (:meth:`reencode`), ``e_out
         = w - decode(packet)`` (``e_out=None``: no owner residual) and ``out
         = decode(packet)``.  The bits of decode-add, compensate, re-encode,
