@@ -12,7 +12,8 @@ machine and communicator size, as JSON::
      "kernels": {"onebit": {"encode": [[n, seconds], ...], "owner": [...],
                             "decode": [...]}, ...},
      "overhead": {"dense": seconds, "twoshot": seconds, "allgather": seconds},
-     "calls": {"onebit": {"twoshot": seconds, "allgather": seconds}, ...},  (optional; signed)
+     "calls": {"onebit": {"twoshot": [[n, seconds], ...], "allgather": ...}, ...},
+                                                             (optional; signed; or one number)
      "waits": [[seconds of kernels, seconds waited], ...],                    (optional)
      "overlap": share of a transfer that runs under a compute phase, 0..1 (optional)
      "oversubscription": ranks per core on the busiest node (optional, >= 1)}
@@ -54,12 +55,15 @@ wire) * (1 - 1/S)``; 1 (the default) is full overlap.
 Per-call cost: ``overhead`` is the Python of one call per algorithm with the
 ``none`` codec (for ``dense``: the reducer's lean path); ``calls[codec][alg]``
 the same for a codec's own calls (validation, packet headers, dispatch into its
-kernels), measured as a whole call on 1024 elements less what the patterns and
-kernels predict for it.  It may be negative: the kernel terms time each kernel
+kernels), measured as a whole call less what the patterns and kernels predict
+for it, on a ladder of small sizes (``[[n, seconds], ...]``, interpolated in
+``n`` and held beyond both ends; a single number, as older profiles have it,
+holds for every ``n``).  It may be negative: the kernel terms time each kernel
 through its codec call, with that call's Python, and a repeated call whose plan
-runs the kernels alone (``twoshot``'s laid-out plan: onebit, fp16, bf16) skips
-it; a negative term takes back at most the call's kernels.  A codec without an
-entry gets ``overhead``.
+runs the kernels alone (``twoshot``'s laid-out plan and slot kernels) skips
+it -- by how much depends on ``n`` and ``P``, since the plan runs only up to a
+size and makes ``2 P`` kernel calls; a negative term takes back at most the
+call's kernels.  A codec without an entry gets ``overhead``.
 
 Without a profile (or with one that cannot be read) the built-in
 :data:`DEFAULT` applies: this package's measurements on a 2-core shared-memory
@@ -152,12 +156,40 @@ def validate(data) -> dict:
     calls = data.get("calls", {})
     if not isinstance(calls, dict) or any(
             not isinstance(per, dict) or any(
-                a not in ALGORITHMS[1:] or not isinstance(t, (int, float))
-                or not math.isfinite(t) for a, t in per.items())
+                a not in ALGORITHMS[1:] or not _call_term(t) for a, t in per.items())
             for per in calls.values()):
-        raise ProfileError("calls must map codecs to {algorithm: finite seconds} for "
+        raise ProfileError("calls must map codecs to {algorithm: finite seconds, or "
+                           "[[n, seconds], ...] with n > 0 ascending} for "
                            f"{', '.join(ALGORITHMS[1:])}")
     return data
+
+
+def _call_term(t) -> bool:
+    """Whether ``t`` is a per-call term: finite seconds (signed), or a ladder
+    ``[[n, seconds], ...]`` of them over ascending ``n > 0``."""
+    if isinstance(t, (int, float)) and not isinstance(t, bool):
+        return math.isfinite(t)
+    if not isinstance(t, list) or not t:
+        return False
+    ns = []
+    for p in t:
+        if (not isinstance(p, (list, tuple)) or len(p) != 2
+                or not all(isinstance(v, (int, float)) and not isinstance(v, bool)
+                           and math.isfinite(v) for v in p) or p[0] <= 0):
+            return False
+        ns.append(p[0])
+    return all(a < b for a, b in zip(ns, ns[1:]))
+
+
+def _signed_interpolate(pts, x: float) -> float:
+    """Piecewise linear in ``x`` through ``pts`` (ascending), held beyond both ends."""
+    if x <= pts[0][0]:
+        return pts[0][1]
+    if x >= pts[-1][0]:
+        return pts[-1][1]
+    i = bisect.bisect_left([p[0] for p in pts], x)
+    (x0, y0), (x1, y1) = pts[i - 1], pts[i]
+    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
 
 
 def profile_path(hosts: str, ranks: int) -> str:
@@ -203,7 +235,8 @@ class CostModel:
         self._kernels = {c: {k: _points(v[k], k) for k in KERNELS}
                          for c, v in profile["kernels"].items()}
         self.overhead = {a: float(profile["overhead"][a]) for a in ALGORITHMS}
-        self.calls = {c: {a: float(t) for a, t in per.items()}
+        self.calls = {c: {a: ([(float(n), float(v)) for n, v in t] if isinstance(t, list)
+                              else float(t)) for a, t in per.items()}
                       for c, per in profile.get("calls", {}).items()}
         self._waits = _points(profile["waits"], "waits") if "waits" in profile else None
         self.overlap = float(profile.get("overlap", 1.0))
@@ -240,9 +273,13 @@ class CostModel:
             return 0.0
         return self._interpolate(self._waits, compute)
 
-    def call_overhead(self, codec: str, algorithm: str) -> float:
-        """Seconds of Python per call of ``algorithm`` with ``codec``."""
-        return self.calls.get(codec, {}).get(algorithm, self.overhead[algorithm])
+    def call_overhead(self, codec: str, algorithm: str, n: float = 0) -> float:
+        """Seconds of Python per call of ``algorithm`` with ``codec`` on ``n``
+        elements (signed; see the module docstring)."""
+        t = self.calls.get(codec, {}).get(algorithm)
+        if t is None:
+            return self.overhead[algorithm]
+        return _signed_interpolate(t, n) if isinstance(t, list) else t
 
     # -- algorithms: the terms of a call -----------------------------------
     # Each returns {"overhead", "kernels", "comm"}, which add up to the
@@ -263,11 +300,11 @@ class CostModel:
         if segments > 1:     # all but one segment of the shorter hidden, at ``overlap``
             wire -= self.overlap * min(kernels, wire) * (1 - 1 / segments)
         waits = segments * (self.wait(encodes / segments) + self.wait(owner / segments))
-        return self._terms(self.call_overhead(codec, "twoshot"), kernels, wire + waits)
+        return self._terms(self.call_overhead(codec, "twoshot", n), kernels, wire + waits)
 
     def allgather_terms(self, codec: str, n: int, P: int, packet_bytes: float) -> dict:
         encode = self.kernel(codec, "encode", n)
-        return self._terms(self.call_overhead(codec, "allgather"),
+        return self._terms(self.call_overhead(codec, "allgather", n),
                            encode + P * self.kernel(codec, "decode", n),
                            self.pattern("allgatherv", packet_bytes) + self.wait(encode))
 

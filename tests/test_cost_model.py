@@ -99,6 +99,12 @@ def test_kernels_interpolate_and_fall_back():
     ({**DEFAULT, "calls": {"onebit": {"mpi": 1e-6}}}, "calls"),
     ({**DEFAULT, "calls": {"onebit": {"twoshot": float("nan")}}}, "calls"),
     ({**DEFAULT, "calls": ["onebit"]}, "calls"),
+    ({**DEFAULT, "calls": {"onebit": {"twoshot": []}}}, "calls"),
+    ({**DEFAULT, "calls": {"onebit": {"twoshot": [[4096, 1e-6], [1024, 2e-6]]}}}, "calls"),
+    ({**DEFAULT, "calls": {"onebit": {"twoshot": [[0, 1e-6]]}}}, "calls"),
+    ({**DEFAULT, "calls": {"onebit": {"twoshot": [[1024, float("inf")]]}}}, "calls"),
+    ({**DEFAULT, "calls": {"onebit": {"twoshot": [[1024, 1e-6, 3]]}}}, "calls"),
+    ({**DEFAULT, "calls": {"onebit": {"twoshot": True}}}, "calls"),
     ({**DEFAULT, "waits": [[1e-3, -1.0]]}, "bad point"),
     ({**DEFAULT, "overlap": 1.5}, "overlap"),
 ])
@@ -148,6 +154,27 @@ def test_a_codecs_calls_replace_the_algorithms_overhead():
     assert m.twoshot("onebit", 4096, 2, 100) == pytest.approx(
         base.twoshot("onebit", 4096, 2, 100) - DEFAULT["overhead"]["twoshot"] + 1.0)
     assert m.twoshot("topk", 4096, 2, 100) == base.twoshot("topk", 4096, 2, 100)
+
+
+def test_a_ladder_of_call_terms_follows_the_size():
+    """``calls`` as ``[[n, seconds], ...]``: signed, linear in ``n`` between
+    the points and held beyond both ends; each algorithm's terms read it at
+    the call's ``n``."""
+    p = copy.deepcopy(DEFAULT)
+    ladder = [[1024, -4e-5], [4096, -1e-4], [65536, 2e-5]]
+    p["calls"] = {"topk": {"twoshot": ladder, "allgather": 3e-5}}
+    m = CostModel(p)
+    assert m.call_overhead("topk", "twoshot", 16) == -4e-5
+    assert m.call_overhead("topk", "twoshot", 1024) == -4e-5
+    assert m.call_overhead("topk", "twoshot", 2560) == pytest.approx(-7e-5)
+    assert m.call_overhead("topk", "twoshot", 4096) == -1e-4
+    assert m.call_overhead("topk", "twoshot", 34816) == pytest.approx(-4e-5)
+    assert m.call_overhead("topk", "twoshot", 1 << 26) == 2e-5
+    assert m.call_overhead("topk", "allgather", 1 << 26) == 3e-5
+    assert m.twoshot_terms("topk", 34816, 2, 600)["overhead"] == pytest.approx(-4e-5)
+    assert m.twoshot_terms("topk", 1 << 20, 2, 600)["overhead"] == 2e-5
+    assert m.allgather_terms("topk", 4096, 2, 600)["overhead"] == 3e-5
+    assert cost_model.validate(copy.deepcopy(p)) == p
 
 
 def test_a_negative_call_term_takes_back_at_most_the_kernels():

@@ -14,7 +14,7 @@ Measures (median over repetitions, slowest rank):
   here too;
 * the Python of one call per algorithm (``none`` on 256 elements through the
   reducer, less what the patterns and kernels predict), and per codec and
-  compressed algorithm (a call on 1024 elements, likewise);
+  compressed algorithm (calls on 1024 to 65536 elements, likewise);
 * how long a collective waits after a compute phase of a given length
   (``waits``: a numpy pass then an 8-byte ``MPI_Allreduce``, less both apart);
 * how much of the transfers ``twoshot``'s pipeline hides under its kernels
@@ -168,8 +168,10 @@ def measure_kernels(comm, codec, n, reps):
             "decode": _slowest_median(comm, lambda: codec.decode(packet, out), reps)}
 
 
-#: elements of the call that measures a codec's per-call cost (4 KiB)
-CALL_ELEMENTS = 1024
+#: elements of the calls that measure a codec's per-call cost (4-256 KiB): the
+#: sizes where a repeated call's plan may run kernels without the codec calls
+#: that the kernel ladder times, so that the term depends on the size
+CALL_SIZES = (1024, 4096, 16384, 65536)
 
 
 def measure_call(comm, codec, algorithm, n, reps):
@@ -330,14 +332,18 @@ def calibrate(comm, mode: str = "default", codecs=None) -> dict:
                 if P > 1 else per_call[a] for a in cost_model.ALGORITHMS[1:]}
     overhead = {"dense": max(per_call["dense"] - per_call["bare"], 0.0), **overhead}
     calls = {}
-    n = CALL_ELEMENTS
     for name in (names if P > 1 else []):
         codec = hpccomm.get_codec(name)
         for alg in cost_model.ALGORITHMS[1:]:
-            t = measure_call(comm, name, alg, n, REPS[mode])
-            if t is not None:   # signed: a planned call skips the codec calls' Python
-                rest = cost_model.predict(probe, codec, alg, n, P, (n,))  # the kernels hold
-                calls.setdefault(name, {})[alg] = t - rest
+            ladder = []
+            for n in CALL_SIZES:
+                t = measure_call(comm, name, alg, n, REPS[mode])
+                if t is None:
+                    break
+                # signed: a planned call skips the codec calls' Python the kernels hold
+                ladder.append([n, t - cost_model.predict(probe, codec, alg, n, P, (n,))])
+            if ladder:
+                calls.setdefault(name, {})[alg] = ladder
     return {"format": cost_model.FORMAT,
             "machine": {"hosts": host_set_name(comm), "ranks": P,
                         "mpi": MPI.Get_library_version().split("\n")[0].strip()},
