@@ -380,7 +380,8 @@ class Codec:
 
     def _feedback_arrays(self, x, e, e_out):
         """Check the arrays of an ``encode_with_feedback(x, e, e_out, ctx)``:
-        float32, contiguous, one length (``e`` may be None); return them flat."""
+        float32, contiguous, one length (``e`` and ``e_out`` may be None);
+        return them flat."""
         x = np.asarray(x)
         n = x.size
         for name, a in (("x", x), ("e", e), ("e_out", e_out)):
@@ -388,9 +389,9 @@ class Codec:
                                   or a.size != n or not a.flags.c_contiguous):
                 raise ValueError(f"{self.name}: {name} must be contiguous float32 of "
                                  f"{n} elements")
-        if x.ndim == 1 and e_out.ndim == 1 and (e is None or e.ndim == 1):
+        if x.ndim == 1 and all(a is None or a.ndim == 1 for a in (e, e_out)):
             return x, e, e_out
-        return x.reshape(-1), (None if e is None else e.reshape(-1)), e_out.reshape(-1)
+        return tuple(None if a is None else a.reshape(-1) for a in (x, e, e_out))
 
     def nonfinite_error(self, bad: int) -> Optional[NonFiniteError]:
         """The error for ``bad`` non-finite values counted by a fused kernel
@@ -448,6 +449,10 @@ class Codec:
         (:attr:`Draw.key`; the one ``encode_with_feedback`` derives from its
         context); 0 for a deterministic codec."""
         return 0
+
+    def draw(self, ctx: EncodeContext) -> Draw:
+        """The :class:`Draw` an encode in ``ctx`` reads."""
+        return Draw(ctx.offset, ctx.feedback, self.draw_key(ctx.seed, ctx.rank, ctx.step))
 
     def header_extra(self, n: int, shape: tuple) -> int:
         """The codec-specific uint32 of the header of a packet of ``n``."""

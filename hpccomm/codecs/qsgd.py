@@ -135,7 +135,7 @@ from ..kernels import bitcodes
 from ..kernels import qsgd as K
 from ..kernels.rng import stream_key
 from .summable_codes import check_no_feedback, check_total, scale_array, summed_code_dtype
-from .base import HEADER_SIZE, Codec, Draw, float32_rows, payload_rows, register_codec
+from .base import HEADER_SIZE, Codec, float32_rows, payload_rows, register_codec
 
 BITS = (2, 4, 8)
 NORMS = ("l2", "max")
@@ -362,7 +362,7 @@ class QSGDCodec(Codec):
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         packet, scales, codes, bucket = self._new_packet(x.size)
         self._raise_nonfinite(self.encode_views((scales, codes, bucket), x, e, e_out,
-                                                Draw(ctx.offset, ctx.feedback, self._key(ctx))))
+                                                self.draw(ctx)))
         return self._finish(packet, scales, codes, bucket, x.size)
 
     def owner_step(self, received, e, e_out, out, ctx):

@@ -74,7 +74,7 @@ from ..kernels import randk as F
 from ..kernels import sparsify as K
 from ..kernels.rng import hash_index_cpu, stream_key
 from .sparsifier import check_fraction, index_dtype, payload_view
-from .base import HEADER_SIZE, Codec, Draw, EncodeContext, payload_rows, register_codec
+from .base import HEADER_SIZE, Codec, EncodeContext, payload_rows, register_codec
 from .topk import top_count
 
 SALT = 0x72616E64  # "rand"
@@ -240,8 +240,7 @@ class RandK(Codec):
         x, e, e_out = self._feedback_arrays(x, e, e_out)
         packet, views = self.new_bound_packet(x.size, ctx.shape)
         count = self.nonfinite == "raise" and not (ctx.finite and e is None)
-        draw = Draw(ctx.offset, ctx.feedback, self.draw_key(ctx.seed, ctx.rank, ctx.step))
-        self._raise_nonfinite(self._encode_fields(views, x, e, e_out, draw, count))
+        self._raise_nonfinite(self._encode_fields(views, x, e, e_out, self.draw(ctx), count))
         return packet
 
     def owner_step(self, received, e, e_out, out, ctx):
@@ -255,15 +254,10 @@ class RandK(Codec):
         m = out.size
         for packet in received:
             self.check_packet(packet, out)
-        for name, a in (("e", e), ("e_out", e_out)):
-            if a is not None and (not isinstance(a, np.ndarray) or a.dtype != np.float32
-                                  or a.ndim != 1 or a.size != m or not a.flags.c_contiguous):
-                raise ValueError(f"{self.name}: {name} must be contiguous 1-D float32 of "
-                                 f"{m} elements")
+        out, e, e_out = self._feedback_arrays(out, e, e_out)
         packet, views = self.new_bound_packet(m, ctx.shape)
-        draw = Draw(ctx.offset, ctx.feedback, self.draw_key(ctx.seed, ctx.rank, ctx.step))
         self._raise_nonfinite(self.owner_views(self.payload_row_views(received, m, ctx.shape),
-                                               e, e_out, out, views, draw))
+                                               e, e_out, out, views, self.draw(ctx)))
         return packet
 
     # -- summable form -------------------------------------------------------------

@@ -38,6 +38,16 @@ def _key_of(words):
 
 
 @njit(cache=True, nogil=True, inline="always")
+def _put_key(stream, offset, key_words):
+    """The chunk's index key ``hash_index(stream, offset)``, written into
+    ``key_words`` as two little-endian uint32; returns it."""
+    key = hash_index_cpu(stream, np.uint64(offset))
+    key_words[0] = np.uint32(key & _LOW)
+    key_words[1] = np.uint32(key >> _32)
+    return key
+
+
+@njit(cache=True, nogil=True, inline="always")
 def _indices(key, n, k):
     idx = np.empty(k, np.int64)
     floyd_indices(key, n, idx)
@@ -52,9 +62,7 @@ def randk_encode(x, e, stream, offset, scale, scaled, count, key_words, vals, e_
     Returns the NaN/Inf count of ``v`` (0 without ``count``): a pass over
     ``v`` where ``e_out`` or ``count`` asks for one, then the ``k`` values."""
     n = x.size
-    key = hash_index_cpu(stream, np.uint64(offset))
-    key_words[0] = np.uint32(key & _LOW)
-    key_words[1] = np.uint32(key >> _32)
+    key = _put_key(stream, offset, key_words)
     bad = 0
     if e_out is not None:
         for i in range(n):
@@ -93,9 +101,7 @@ def randk_owner(key_rows, val_rows, e, stream, offset, key_words, vals, e_out, o
     it: the sum is then formed densely in ``out`` first."""
     m = out.size
     k = vals.size
-    key = hash_index_cpu(stream, np.uint64(offset))
-    key_words[0] = np.uint32(key & _LOW)
-    key_words[1] = np.uint32(key >> _32)
+    key = _put_key(stream, offset, key_words)
     idx = _indices(key, m, k)
     P = key_rows.shape[0]
     same = True
