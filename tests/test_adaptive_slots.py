@@ -11,7 +11,7 @@ import hpccomm
 from hpccomm.codecs.base import EncodeContext
 from hpccomm.kernels.adaptive_slots import BAD_PACKET
 
-from .slot_checks import check_encode, check_owner, draw_of, slot_for
+from .slot_checks import check_encode, check_owner, check_refused, slot_for
 
 #: (elements, the tensor's shape) of a chunk: a vector's one ragged column,
 #: whole columns of a matrix, and columns of a chunk that starts inside a
@@ -65,17 +65,17 @@ def test_an_empty_chunk():
     slot, views = slot_for(codec, 0, (500,))
     assert codec.slot_count(0, (500,)) == 0
     assert codec.encode_slot(views, np.empty(0, np.float32), None, np.empty(0, np.float32),
-                             draw_of(codec, context((500,)))) == 0
+                             codec.draw(context((500,)))) == 0
     assert codec.packet_in_slot(slot, 0).tobytes() == codec.encode(
         np.empty(0, np.float32)).tobytes()
     rows = np.stack([slot, slot])
     out = np.empty(0, np.float32)
     assert codec.owner_slot(codec.row_views(rows, 0, (500,)), 0, None, None, out, views,
-                            draw_of(codec, context((500,)))) == 0
+                            codec.draw(context((500,)))) == 0
     assert codec.decode_slot(codec.row_views(slot, 0, (500,)), 0, out)
     rows.view(np.uint32)[1, 4] = 3
     assert codec.owner_slot(codec.row_views(rows, 0, (500,)), 0, None, None, out, views,
-                            draw_of(codec, context((500,)))) == BAD_PACKET
+                            codec.draw(context((500,)))) == BAD_PACKET
 
 
 def test_nonfinite_values_are_counted_and_nothing_is_sent():
@@ -86,7 +86,7 @@ def test_nonfinite_values_are_counted_and_nothing_is_sent():
     slot, views = slot_for(codec, n, shape)
     before = slot.copy()
     assert codec.encode_slot(views, x, None, np.empty(n, np.float32),
-                             draw_of(codec, context(shape))) == 2
+                             codec.draw(context(shape))) == 2
     assert np.array_equal(slot, before)
 
 
@@ -115,14 +115,7 @@ def test_broken_packets_are_refused_before_anything_is_written(breakage):
         words[first], words[first + 1] = words[first + 1], words[first]
     else:                               # a row past the column's 33
         words[first + int(words[5]) - 1] = (33 << 1) | 1
-    rows = np.stack([slot, slot])
-    out = np.full(n, 7, np.float32)
-    views = slot_for(codec, n, shape)[1]
-    draw = draw_of(codec, context(shape))
-    assert codec.owner_slot(codec.row_views(rows, n, shape), k, None, None, out, views,
-                            draw) == BAD_PACKET
-    assert not codec.decode_slot(codec.row_views(slot, n, shape), k, out)
-    assert np.all(out == 7)
+    check_refused(codec, slot, n, k, context(shape), general=False)
     assert m >= 2
 
 

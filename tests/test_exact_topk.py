@@ -8,9 +8,8 @@ import pytest
 
 import hpccomm
 from hpccomm.codecs.base import HEADER_SIZE
-from hpccomm.kernels.exact_topk import BAD_PACKET
 
-from .slot_checks import check_encode, check_owner, slot_for
+from .slot_checks import check_encode, check_owner, check_refused, slot_for
 
 SIZES = [1, 2, 7, 63, 512, 1001, 4095]
 CODECS = [("topk", {}), ("topk", {"ratio": 0.3}), ("topk", {"ratio": 1.0}),
@@ -106,14 +105,7 @@ def test_broken_packets_are_refused_before_anything_is_written(breakage):
         words[4], words[5] = words[5], words[4]
     else:
         words[4 + k - 1] = n
-    rows = np.stack([packet_slot for packet_slot in (slot, slot)])
-    out = np.full(n, 7, np.float32)
-    views = slot_for(codec, n)[1]
-    assert codec.owner_slot(codec.row_views(rows), k, None, None, out, views) == BAD_PACKET
-    assert not codec.decode_slot(codec.row_views(slot), k, out)
-    assert np.all(out == 7)
-    with pytest.raises(hpccomm.PacketError):
-        codec.decode(codec.packet_in_slot(slot, n), out)
+    check_refused(codec, slot, n, k)
 
 
 def test_a_slot_that_announces_more_than_it_holds_is_a_packet_error():

@@ -7,9 +7,8 @@ import numpy as np
 import pytest
 
 import hpccomm
-from hpccomm.kernels.threshold_slots import BAD_PACKET
 
-from .slot_checks import check_encode, check_owner, slot_for
+from .slot_checks import check_encode, check_owner, check_refused, slot_for
 
 SIZES = [1, 2, 7, 63, 512, 1001, 4095]
 #: alpha's default; a fixed tau that many integers reach; a capacity far
@@ -94,14 +93,7 @@ def test_broken_packets_are_refused_before_anything_is_written(breakage):
         words[6], words[7] = words[7], words[6]
     else:
         words[6 + m - 1] = (n << 1) | 1
-    rows = np.stack([slot, slot])
-    out = np.full(n, 7, np.float32)
-    views = slot_for(codec, n)[1]
-    assert codec.owner_slot(codec.row_views(rows), cap, None, None, out, views) == BAD_PACKET
-    assert not codec.decode_slot(codec.row_views(slot), cap, out)
-    assert np.all(out == 7)
-    with pytest.raises(hpccomm.PacketError):
-        codec.decode(codec.packet_in_slot(slot, n), out)
+    check_refused(codec, slot, n, cap)
 
 
 def test_slot_entries_and_subclasses():
