@@ -8,8 +8,10 @@
 # at 4 Gbit/s): netem's default 256 KB lets a transfer that follows 2 ms of idle
 # through at memory speed, which no NIC does and no calibration sees.
 #   ./dev.sh run docs/data/i33/model/run.sh [shm|1gbit|4gbit ...]     (~40 min)
+# OUT=DIR writes the run's files into DIR (created) instead of next to this script.
 set -euo pipefail
-cd "$(dirname "$0")"
+mkdir -p "${OUT:-$(dirname "$0")}"
+cd "${OUT:-$(dirname "$0")}"
 ARGS=(-m 4K:256M -f 4 --codec onebit,topk,terngrad
       --algorithm twoshot,allgather,auto --no-progress)
 export NUMBA_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1
