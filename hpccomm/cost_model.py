@@ -55,8 +55,9 @@ wire) * (1 - 1/S)``; 1 (the default) is full overlap.
 Per-call cost: ``overhead`` is the Python of one call per algorithm with the
 ``none`` codec (for ``dense``: the reducer's lean path); ``calls[codec][alg]``
 the same for a codec's own calls (validation, packet headers, dispatch into its
-kernels), measured as a whole call less what the patterns and kernels predict
-for it, on a ladder of small sizes (``[[n, seconds], ...]``, interpolated in
+kernels), measured as a call's time outside MPI (its statistics' ``t_comm``
+taken off: the time inside MPI is the patterns' and waits' term) less the
+kernels predicted for it, on a ladder of small sizes (``[[n, seconds], ...]``, interpolated in
 ``n`` and held beyond both ends; a single number, as older profiles have it,
 holds for every ``n``).  It may be negative: the kernel terms time each kernel
 through its codec call, with that call's Python, and a repeated call whose plan

@@ -539,6 +539,17 @@ def test_calibrate_writes_a_profile_that_auto_reads(tmp_path, ranks):
     assert got.returncode == 0 and got.stdout.strip() == str(path), got.stderr
 
 
+def test_calibrate_that_cannot_write_exits_on_every_rank(tmp_path):
+    """A profile path rank 0 cannot write (under a file): every rank exits
+    with the same message, none waits for the others."""
+    (tmp_path / "file").write_text("")
+    path = tmp_path / "file" / "profile.json"
+    proc = bench(2, "calibrate", "--quick", "-o", str(path), "--codec", "onebit", timeout=120)
+    assert proc.returncode != 0, proc.stdout
+    said = "hpccomm calibrate: could not write the profile"
+    assert (proc.stdout + proc.stderr).count(said) == 2, proc.stdout + proc.stderr
+
+
 def test_allreduce_calibrates_in_its_own_launch(tmp_path):
     """``allreduce --calibrate FILE`` writes a profile of the sweep's codecs
     before the sweep, and ``auto`` decides by that file, not by the one in

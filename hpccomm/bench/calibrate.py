@@ -175,9 +175,19 @@ CALL_SIZES = (1024, 4096, 16384, 65536)
 
 
 def measure_call(comm, codec, algorithm, n, reps):
-    """Seconds of a repeated call of one key on ``n`` elements through the
-    reducer (``check="first"``: the steady state of a training loop's key),
-    or None where ``algorithm`` cannot carry ``codec`` (collective)."""
+    """Seconds outside MPI of a repeated call of one key on ``n`` elements
+    through the reducer (``check="first"``: the steady state of a training
+    loop's key): each call's time less what its statistics count inside MPI
+    (``t_comm``), the slowest rank's per call, their median.  None where
+    ``algorithm`` cannot carry ``codec`` (collective).
+
+    The time inside MPI is left out: it is the patterns' and the waits'
+    term, and a call's residual over their prediction would carry into the
+    per-call term whatever the MPI did at that moment (at P = 3 and 4 on
+    two cores, `allgather`'s term read +60 to +2780 µs where the calls spent
+    11-145 µs outside MPI)."""
+    from mpi4py import MPI
+
     import hpccomm
 
     x = np.random.default_rng(comm.Get_rank()).standard_normal(n).astype(np.float32)
@@ -185,9 +195,19 @@ def measure_call(comm, codec, algorithm, n, reps):
     r = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, check="first")
     if r.config_error is not None:      # the same on every rank (its call would raise it)
         return None
-    for _ in range(20):
+    for _ in range(21):
         r(x, key="calibrate", out=out)
-    return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, SMALL_REPS))
+    stats = r.stats
+    outside = np.empty(max(reps, SMALL_REPS))
+    for i in range(outside.size):
+        comm.Barrier()
+        inside = stats.t_comm
+        t0 = time.perf_counter()
+        r(x, key="calibrate", out=out)
+        outside[i] = time.perf_counter() - t0 - (stats.t_comm - inside)
+    slowest = np.empty_like(outside)
+    comm.Allreduce(outside, slowest, op=MPI.MAX)
+    return float(np.median(slowest))
 
 
 #: elements of the compute phases that :func:`measure_waits` times
@@ -260,18 +280,10 @@ def measure_overlap(comm, reps, block=1 << 17, segments=8):
 
 
 def measure_overhead(comm, reps):
-    """Seconds of one call on 256 elements per algorithm, through the reducer
-    (``dense``: ``none`` + ``mpi``), and of the bare ``MPI_Allreduce`` of
-    the same 256 elements measured next to the dense call (``bare``)."""
-    from mpi4py import MPI
-
-    times = {name: measure_call(comm, "none", algorithm, 256, reps) for name, algorithm in
-             (("dense", "mpi"), ("twoshot", "twoshot"), ("allgather", "allgather"))}
-    x = np.ones(256, np.float32)
-    y = np.empty_like(x)
-    times["bare"] = _slowest_median(comm, lambda: comm.Allreduce(x, y, op=MPI.SUM),
-                                    max(reps, 50))
-    return times
+    """Seconds outside MPI of one call on 256 elements per algorithm, through
+    the reducer (``dense``: ``none`` + ``mpi``; :func:`measure_call`)."""
+    return {name: measure_call(comm, "none", algorithm, 256, reps) for name, algorithm in
+            (("dense", "mpi"), ("twoshot", "twoshot"), ("allgather", "allgather"))}
 
 
 def build_parser():
@@ -326,11 +338,10 @@ def calibrate(comm, mode: str = "default", codecs=None) -> dict:
                                   "kernels": kernels, "waits": waits, "overlap": overlap,
                                   "overhead": {a: 0.0 for a in cost_model.ALGORITHMS}})
     none = hpccomm.get_codec("none")
-    # dense: the lean path less the bare call next to it (the pattern's 1 KiB
-    # point is interpolated, and at a few microseconds that error is the term)
-    overhead = {a: max(per_call[a] - cost_model.predict(probe, none, a, 256, P, (256,)), 0.0)
+    overhead = {a: max(per_call[a] - cost_model.predict_terms(probe, none, a, 256, P,
+                                                              (256,))["kernels"], 0.0)
                 if P > 1 else per_call[a] for a in cost_model.ALGORITHMS[1:]}
-    overhead = {"dense": max(per_call["dense"] - per_call["bare"], 0.0), **overhead}
+    overhead = {"dense": per_call["dense"], **overhead}
     calls = {}
     for name in (names if P > 1 else []):
         codec = hpccomm.get_codec(name)
@@ -341,7 +352,8 @@ def calibrate(comm, mode: str = "default", codecs=None) -> dict:
                 if t is None:
                     break
                 # signed: a planned call skips the codec calls' Python the kernels hold
-                ladder.append([n, t - cost_model.predict(probe, codec, alg, n, P, (n,))])
+                ladder.append([n, t - cost_model.predict_terms(probe, codec, alg, n, P,
+                                                               (n,))["kernels"]])
             if ladder:
                 calls.setdefault(name, {})[alg] = ladder
     return {"format": cost_model.FORMAT,
@@ -354,12 +366,21 @@ def calibrate(comm, mode: str = "default", codecs=None) -> dict:
 
 
 def write(comm, profile: dict, path: str, seconds: float) -> None:
-    """Save ``profile`` to ``path`` (rank 0) and print what it holds
-    (collective: every rank returns once the file is there)."""
+    """Save ``profile`` to ``path`` (rank 0) and print what it holds.
+    Collective: every rank returns once the file is there, or exits with
+    the same message where rank 0 could not write it."""
     from hpccomm import cost_model
 
+    err = None
     if comm.Get_rank() == 0:
-        cost_model.save(profile, path)
+        try:
+            cost_model.save(profile, path)
+        except (OSError, cost_model.ProfileError) as exc:
+            err = f"hpccomm calibrate: could not write the profile {path}: {exc}"
+    err = comm.bcast(err)
+    if err is not None:
+        raise SystemExit(err)
+    if comm.Get_rank() == 0:
         print(f"# hpccomm calibrate ({profile['mode']}, P = {comm.Get_size()}, {seconds:.1f} s): "
               f"wrote {path}")
         for name, pts in profile["patterns"].items():
