@@ -184,7 +184,7 @@ def measure_call(comm, codec, algorithm, n, reps):
     The time inside MPI is left out: it is the patterns' and the waits'
     term, and a call's residual over their prediction would carry into the
     per-call term whatever the MPI did at that moment (at P = 3 and 4 on
-    two cores, `allgather`'s term read +60 to +2780 µs where the calls spent
+    two cores, ``allgather``'s term read +60 to +2780 µs where the calls spent
     11-145 µs outside MPI)."""
     from mpi4py import MPI
 
