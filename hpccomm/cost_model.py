@@ -58,11 +58,11 @@ the same for a codec's own calls (validation, packet headers, dispatch into its
 kernels), measured as a call's time outside MPI (its statistics' ``t_comm``
 taken off: the time inside MPI is the patterns' and waits' term) less the
 kernels predicted for it, on a ladder of small sizes (``[[n, seconds], ...]``,
-interpolated in ``n`` and held beyond both ends; a single number, as older profiles have it,
-holds for every ``n``).  It may be negative: the kernel terms time each kernel
-through its codec call, with that call's Python, and a repeated call whose plan
-runs the kernels alone (``twoshot``'s laid-out plan and slot kernels) skips
-it -- by how much depends on ``n`` and ``P``, since the plan runs only up to a
+interpolated in ``n`` and held beyond both ends; a single number, as older
+profiles have it, holds for every ``n``).  It may be negative: the kernel terms
+time each kernel through its codec call, with that call's Python, and a
+repeated call whose plan runs the kernels alone (``twoshot``'s laid-out plan
+and slot kernels) skips it -- by how much depends on ``n`` and ``P``, since the plan runs only up to a
 size and makes ``2 P`` kernel calls; a negative term takes back at most the
 call's kernels.  A codec without an entry gets ``overhead``.
 

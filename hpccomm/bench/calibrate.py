@@ -66,16 +66,23 @@ def _blocks(buf, block: int, P: int):
     return [buf, ([block] * P, [block * j for j in range(P)]), MPI.BYTE]
 
 
-def _slowest_median(comm, fn, reps):
+def _slowest_median(comm, fn, reps, excluded=None):
+    """The median over ``reps`` calls of ``fn`` (after one more, untimed) of
+    the slowest rank's seconds per call, each call started after a barrier.
+    ``excluded``: a running count of seconds (read before and after each
+    call) whose growth is taken off the call's time."""
     from mpi4py import MPI
 
     fn()
     ts = np.empty(reps)
     for i in range(reps):
         comm.Barrier()
+        before = excluded() if excluded is not None else 0.0
         t0 = time.perf_counter()
         fn()
         ts[i] = time.perf_counter() - t0
+        if excluded is not None:
+            ts[i] -= excluded() - before
     slowest = np.empty_like(ts)
     comm.Allreduce(ts, slowest, op=MPI.MAX)
     return float(np.median(slowest))
@@ -186,8 +193,6 @@ def measure_call(comm, codec, algorithm, n, reps):
     per-call term whatever the MPI did at that moment (at P = 3 and 4 on
     two cores, ``allgather``'s term read +60 to +2780 µs where the calls spent
     11-145 µs outside MPI)."""
-    from mpi4py import MPI
-
     import hpccomm
 
     x = np.random.default_rng(comm.Get_rank()).standard_normal(n).astype(np.float32)
@@ -195,19 +200,10 @@ def measure_call(comm, codec, algorithm, n, reps):
     r = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, check="first")
     if r.config_error is not None:      # the same on every rank (its call would raise it)
         return None
-    for _ in range(21):
+    for _ in range(20):
         r(x, key="calibrate", out=out)
-    stats = r.stats
-    outside = np.empty(max(reps, SMALL_REPS))
-    for i in range(outside.size):
-        comm.Barrier()
-        inside = stats.t_comm
-        t0 = time.perf_counter()
-        r(x, key="calibrate", out=out)
-        outside[i] = time.perf_counter() - t0 - (stats.t_comm - inside)
-    slowest = np.empty_like(outside)
-    comm.Allreduce(outside, slowest, op=MPI.MAX)
-    return float(np.median(slowest))
+    return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, SMALL_REPS),
+                           excluded=lambda: r.stats.t_comm)
 
 
 #: elements of the compute phases that :func:`measure_waits` times
