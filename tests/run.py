@@ -77,6 +77,44 @@ def run(label, cmd, timeout, env):
     return rc, counts
 
 
+#: the built-in codecs, costliest to compile first (seconds of one core on an
+#: empty cache, 2026-12-02: ebq 14, qsgd 12, terngrad 6, onebit 5, powersgd 5,
+#: ...); the warm-up jobs take them round robin
+WARM_CODECS = ("ebq", "qsgd", "terngrad", "onebit", "powersgd", "fp16", "fp8", "topk", "dgc",
+               "adaptive", "threshold", "randk", "bf16", "none")
+
+
+def warm_kernels(mpiexec, env, jobs, timeout):
+    """Compile the kernels the codecs' collectives call, before the tests:
+    ``jobs`` benchmark runs at 2 ranks at once, each on its share of
+    :data:`WARM_CODECS` through ``twoshot``, ``allgather`` and
+    ``sparse_allgather``, under ``HPCCOMM_COMPILE_LOCK`` (set by main), so
+    that each kernel is compiled once and the test workers, ranks and
+    benchmark subprocesses load it from numba's cache.  On a fresh clone the
+    workers otherwise wait on each other's compiles, one core idle.  A failed
+    job only costs the tests their compiles: the tests report what broke."""
+    t0 = time.time()
+    procs = []
+    for j in range(jobs):
+        codecs = ",".join(WARM_CODECS[j::jobs])
+        cmd = [mpiexec, "-n", "2", sys.executable, "-m", "hpccomm.bench", "allreduce", "-m",
+               "64K:64K", "-i", "1", "-x", "0", "--no-progress", "--codec", codecs,
+               "--algorithm", "twoshot,allgather,sparse_allgather"]
+        procs.append((codecs, subprocess.Popen(cmd, stdout=subprocess.PIPE,
+                                               stderr=subprocess.STDOUT, text=True, env=env,
+                                               cwd=ROOT)))
+    for codecs, proc in procs:
+        try:
+            out, _ = proc.communicate(timeout=max(1, t0 + timeout - time.time()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, _ = proc.communicate()
+        if proc.returncode != 0:
+            print(f"### warm ({codecs}): exit {proc.returncode}\n{out[-4000:]}", flush=True)
+    print(f"\n### warm: the kernels of {len(WARM_CODECS)} codecs compiled by {jobs} jobs "
+          f"in {time.time() - t0:.0f}s", flush=True)
+
+
 def files_by_marker(base_cmd, env):
     """``{test file: set of marker names of its tests}`` from one
     ``--collect-only`` pass (:func:`pytest_collection_finish` in
@@ -123,6 +161,9 @@ def main():
     ap.add_argument("--workers", default=os.environ.get("HPCCOMM_TEST_WORKERS", "auto"),
                     help="pytest-xdist processes for the non-MPI tests (default auto: one per "
                          "core; 0: none); those marked 'alone' run after them, by themselves")
+    ap.add_argument("--warm-jobs", type=int, default=len(os.sched_getaffinity(0)),
+                    help="benchmark jobs that compile the kernels before the tests (default: "
+                         "one per core; 0: none)")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
 
@@ -135,6 +176,9 @@ def main():
     # idle OpenBLAS threads spin and steal the cores MPI ranks busy-poll on
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     env.setdefault("OMP_NUM_THREADS", "1")
+    # the workers and the ranks and benchmarks the tests start all meet the same
+    # kernels first on an empty cache: each kernel compiled once between them
+    env.setdefault("HPCCOMM_COMPILE_LOCK", "1")
     env["HPCCOMM_TEST_LOGDIR"] = LOGDIR
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     shutil.rmtree(LOGDIR, ignore_errors=True)
@@ -147,6 +191,8 @@ def main():
     pytest = [sys.executable, "-m", "pytest"]
     base = pytest + ["tests"] + opts
     total, results = {}, []
+    if args.warm_jobs:
+        warm_kernels(mpiexec, env, args.warm_jobs, args.timeout)
     if not args.no_plain:
         workers = [] if args.workers in ("0", "") else ["-n", args.workers, "--dist", "worksteal"]
         results.append(("plain",) + run("plain", base + ["-m", "not mpi and not alone", *workers],
