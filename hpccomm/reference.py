@@ -498,13 +498,29 @@ def _model_threshold(codec, n, shape) -> Stage:
     q = 2.0 * (1.0 - _NORMAL.cdf(tau))
     cap = min(1.0, codec.max_count(n) / max(n, 1))
     t = tau
-    if q > cap:                 # the cap sends the largest: |x| >= t
+    capped = q > cap
+    if capped:                  # the cap sends the largest: |x| >= t
         q, t = cap, _tail(cap)
     g = tau * 2.0 * _pdf(t)     # <D, x> = tau E[|x|; sent]
     mse = 1.0 - 2.0 * g + tau * tau * q
-    # the owner thresholds sums of +-tau quanta at alpha RMS of their own
-    return Stage((g, g), (mse, mse), q * n, False, owner=lambda P: 0.25 / P,
-                 why=f"+-tau for |x| >= {t:.3g}", cv=_tail_cv(t, 1))
+    # below the cap the count sent is itself random (Poisson, mean q n): the
+    # sum's relative deviation is sqrt(1 + cv^2) over sqrt(count), not cv
+    cv = _tail_cv(t, 1)
+    if not capped:
+        cv = math.sqrt(1.0 + cv * cv)
+
+    def owner(P):
+        """The owner thresholds sums of +-tau quanta at alpha RMS of their
+        own: a fixed tau keeps about a quarter of them per rank; alpha
+        sends them as +-alpha RMS(sum), and a sum of density about P q has
+        RMS tau sqrt(P q) -- each quantum shrunk to alpha sqrt(P q) of tau
+        (the half of it, for the density's spread)."""
+        if codec.tau is not None:
+            return 0.25 / P
+        return min(0.25 / P, 0.5 * codec.alpha * math.sqrt(min(P * q, 1.0)))
+
+    return Stage((g, g), (mse, mse), q * n, False, owner=owner,
+                 why=f"+-tau for |x| >= {t:.3g}", cv=cv)
 
 
 def _model_adaptive(codec, n, shape) -> Stage:
@@ -594,8 +610,9 @@ def error_band(codec: Codec, algorithm, nranks: int, n: int, shape: tuple = (), 
     """The range of ``gain`` and ``rel_err`` the codec's theory allows for one
     call (no residual) of ``algorithm`` on ``nranks`` ranks with i.i.d.
     N(0, 1) inputs of ``n`` elements (see the module docstring).  None where
-    no theory applies: a lossy codec without a model, or fewer than
-    :data:`BAND_MIN_ELEMENTS` elements.
+    no theory applies: a lossy codec without a model, fewer than
+    :data:`BAND_MIN_ELEMENTS` elements, or less than one entry a
+    sparsifier is expected to send.
 
     Composition: every rank's error is independent, so one encode per rank
     (``allgather``, ``summable``, the sparse algorithms, ``twoshot`` at
@@ -625,8 +642,8 @@ def error_band(codec: Codec, algorithm, nranks: int, n: int, shape: tuple = (), 
     if stage is not None and stage.lossless:
         return Band((1.0 - lossless_bound, 1.0 + lossless_bound), (0.0, lossless_bound),
                     stage.why)
-    if stage is None or n < BAND_MIN_ELEMENTS:
-        return None
+    if stage is None or n < BAND_MIN_ELEMENTS or stage.count < 1.0:
+        return None             # (less than one entry expected: no statistics to hold)
     two = name == "twoshot" and P > 1 and not (stage.owner is not None and stage.owner(P) >= 1.0)
     r_lo, r_hi = math.sqrt(stage.mse[0]), math.sqrt(stage.mse[1])
     g_lo, g_hi = stage.gain
@@ -644,7 +661,9 @@ def error_band(codec: Codec, algorithm, nranks: int, n: int, shape: tuple = (), 
         if two:
             g_lo *= stage.owner(P)
             r_hi = 1.0
-        gain = (g_lo / (1.0 + MODEL_MARGIN + noise), g_hi * (1.0 + MODEL_MARGIN + noise))
+        # NOISE_Z deviations either side: none below zero once they reach it
+        gain = (g_lo * max(1.0 - noise, 0.0) / (1.0 + MODEL_MARGIN),
+                g_hi * (1.0 + MODEL_MARGIN + noise))
         # rel^2 is about 1 - gain: its noise is the gain's, scaled down
         widen = MODEL_MARGIN + noise * g_hi / max(2.0 * (1.0 - g_hi), 1e-3)
     rel = (r_lo / (1.0 + widen), r_hi * (1.0 + widen) + lossless_bound)

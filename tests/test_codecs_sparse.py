@@ -1210,3 +1210,25 @@ def test_randk_reencode_of_decoded_sums_is_lossless(unbiased):
     packet = c.reencode(acc, EncodeContext(seed=3, rank=7, step=2, offset=offset))
     assert packet.size == c.wire_size(n)
     np.testing.assert_array_equal(c.decode(packet, np.empty(n, dtype=np.float32)), acc)
+
+
+@pytest.mark.parametrize("algorithm", ["allgather", "twoshot"])
+@pytest.mark.parametrize("P", [2, 3])
+@pytest.mark.parametrize("n", [1 << 14, 1 << 16, 1 << 18, 1 << 20])
+def test_threshold_first_call_lies_in_its_band_when_few_entries_are_sent(n, P, algorithm):
+    """``threshold`` at its default alpha = 4 sends about 6e-5 of N(0, 1)
+    entries (1 to 66 per rank here): how many is Poisson, and ``twoshot``'s
+    owner sends the few it receives at alpha times their sum's RMS, far below
+    the workers' tau.  ``bench allreduce --check`` failed both at 64 KiB and
+    256 KiB before the band said so."""
+    from hpccomm import reference as R
+
+    codec = get_codec("threshold")
+    band = R.error_band(codec, algorithm, P, n, (n,))
+    assert band is not None and band.gain[1] > 0
+    for seed in range(3):
+        rng = np.random.default_rng([n, P, seed])
+        xs = [rng.standard_normal(n).astype(np.float32) for _ in range(P)]
+        got = R.simulate(codec, algorithm, xs, shape=(n,))
+        exact = np.sum([x.astype(np.float64) for x in xs], axis=0)
+        assert R.check_band(got, exact, band) is None, (seed, band)
