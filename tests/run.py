@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Run hpccomm's whole test suite: plain pytest (on every core, pytest-xdist
+"""Run hpccomm's whole test suite: first the kernels compiled (one benchmark
+job per core, :func:`warm_kernels`), then plain pytest (on every core, pytest-xdist
 with work stealing; then the tests marked ``alone``, daemons and network
 namespaces, by themselves), then the MPI tests under ``mpiexec -n K`` for
 K = 1, 2, 3, 5 (and the tests marked ``wide``, the sparse algorithms, at 4, 6
@@ -12,7 +13,7 @@ pass first): collecting every file took ~7 s per rank, and the runs start
 about 40 ranks in all.
 
     python tests/run.py [--ranks 1,2,3,5] [--wide-ranks 4,6,8] [--slow-ranks 2]
-                        [--workers auto] [--timeout 900] [-- pytest args]
+                        [--workers auto] [--warm-jobs CORES] [--timeout 900] [-- pytest args]
 
 Every mpiexec is wrapped in a timeout, and each test has its own
 (pytest-timeout, thread method: a hung rank dumps its stacks and exits, so
