@@ -116,8 +116,8 @@ def _loads_only(disp, sig):
 
 def _compile(self, sig):
     path = lock_path(self)
-    if path is None:
-        return _original(self, sig)
+    if path is None or not hasattr(self, "_compiler") or not hasattr(self, "_cache_misses"):
+        return _original(self, sig)     # (a numba whose dispatchers are built otherwise)
     with global_compiler_lock:
         try:                    # cached: load without the lock, as many processes at once
             with _loads_only(self, sig):
