@@ -62,9 +62,9 @@ interpolated in ``n`` and held beyond both ends; a single number, as older
 profiles have it, holds for every ``n``).  It may be negative: the kernel terms
 time each kernel through its codec call, with that call's Python, and a
 repeated call whose plan runs the kernels alone (``twoshot``'s laid-out plan
-and slot kernels) skips it -- by how much depends on ``n`` and ``P``, since the plan runs only up to a
-size and makes ``2 P`` kernel calls; a negative term takes back at most the
-call's kernels.  A codec without an entry gets ``overhead``.
+and slot kernels) skips it -- by how much depends on ``n`` and ``P``, since
+the plan runs only up to a size and makes ``2 P`` kernel calls; a negative
+term takes back at most the call's kernels.  A codec without an entry gets ``overhead``.
 
 Without a profile (or with one that cannot be read) the built-in
 :data:`DEFAULT` applies: this package's measurements on a 2-core shared-memory

@@ -128,15 +128,14 @@ def _compile(self, sig):
             return _original(self, sig)
 
 
-def install() -> bool:
-    """Lock the compilation of hpccomm's kernels (idempotent); True when
-    installed by this call or before."""
+def install() -> None:
+    """Lock the compilation of hpccomm's kernels (idempotent)."""
     global _original
     if _original is None:
         _original = _dispatcher.Dispatcher.compile
         _dispatcher.Dispatcher.compile = _compile
-    return True
 
 
 def installed() -> bool:
+    """Whether :func:`install` has run in this process."""
     return _original is not None
