@@ -181,7 +181,12 @@ def main():
     # kernels first on an empty cache: each kernel compiled once between them
     env.setdefault("HPCCOMM_COMPILE_LOCK", "1")
     env["HPCCOMM_TEST_LOGDIR"] = LOGDIR
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # every process of the suite (~600: workers, ranks, the jobs the tests start)
+    # loads hpccomm and the test modules compiled, from one cache outside the
+    # tree: with no bytecode written, each compiled them again (an import of
+    # hpccomm 0.9 against 0.5 s, a rank's collection 2.6 against 1.2 s)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(ROOT, "build", "pycache"))
     shutil.rmtree(LOGDIR, ignore_errors=True)
     # no:logging: pytest's log capture attaches a handler to every non-propagating
     # logger (torch makes dozens) around each test phase, 6 % of an MPI run's time,
