@@ -3,8 +3,9 @@
 job per core, :func:`warm_kernels`), then plain pytest (on every core, pytest-xdist
 with work stealing; then the tests marked ``alone``, daemons and network
 namespaces, by themselves), then the MPI tests under ``mpiexec -n K`` for
-K = 1, 2, 3, 5 (and the tests marked ``wide``, the sparse algorithms, at 4, 6
-and 8 ranks too; the tests
+K = 1, 2, 3, 5 (those marked ``narrow``, layers above the collectives, at no
+more than :data:`NARROW`; the tests marked ``wide``, the sparse algorithms, at
+4, 6 and 8 ranks too; the tests
 marked ``cudasim`` at 1 and 3 ranks under numba's CUDA simulator, and those
 also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond
 2 GiB) once, at 2 ranks.  Each rank of an MPI run collects only the test
@@ -77,6 +78,10 @@ def run(label, cmd, timeout, env):
     print(f"### {label}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
     return rc, counts
 
+
+#: the most ranks the tests marked ``narrow`` run at (layers above the
+#: collectives, whose collectives the other tests run at every count)
+NARROW = 3
 
 #: the built-in codecs, costliest to compile first (seconds of one core on an
 #: empty cache, 2026-12-02: ebq 14, qsgd 12, terngrad 6, onebit 5, powersgd 5,
@@ -221,7 +226,9 @@ def main():
         return (label,) + run(label, cmd, args.timeout, env)
 
     for k in rank_counts["ranks"]:
-        results.append(ranked(f"mpi-n{k}", k, env, ["mpi"], "mpi and not slow and not cudasim"))
+        narrow = " and not narrow" if k > NARROW else ""
+        results.append(ranked(f"mpi-n{k}", k, env, ["mpi"],
+                              f"mpi and not slow and not cudasim{narrow}"))
     for k in rank_counts["cudasim_ranks"]:
         label = f"cudasim-n{k}"
         wide = " and wide" if k > 4 else ""      # beyond 4 ranks only what needs them

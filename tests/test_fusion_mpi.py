@@ -7,7 +7,7 @@ from hpccomm.fusion import GradientBuckets, plan_buckets
 
 from .helpers import COMM, SIZE, rank_data
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow]
 
 SHAPES = {"conv.weight": (8, 3, 5, 5), "conv.bias": (8,), "fc1.weight": (600, 40),
           "fc1.bias": (40,), "fc2.weight": (40, 10), "fc2.bias": (10,), "scale": ()}

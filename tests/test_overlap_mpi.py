@@ -9,7 +9,7 @@ from hpccomm.fusion import GradientBuckets
 
 from .helpers import COMM, RANK, digest, rank_data, same_on_all_ranks
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow]
 
 
 def train(overlap, codec, algorithm, steps=4, set_to_none=False, unused=False):

@@ -40,6 +40,7 @@ def test_pages_have_examples():
 
 
 @pytest.mark.mpi
+@pytest.mark.narrow
 @pytest.mark.parametrize("page", PAGES)
 def test_python_examples_run(page):
     blocks = _blocks(page)

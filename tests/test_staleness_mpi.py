@@ -13,7 +13,7 @@ from hpccomm.fusion import GradientBuckets
 
 from .helpers import COMM, RANK, digest, rank_data, same_on_all_ranks
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow]
 
 SHAPES = {"w1": (40, 30), "b1": (40,), "w2": (7, 40), "b2": (7,), "w3": (300,)}
 STEPS = 6

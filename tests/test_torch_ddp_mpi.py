@@ -8,7 +8,7 @@ import pytest
 
 from .helpers import COMM, RANK, SIZE, digest, same_on_all_ranks
 
-pytestmark = pytest.mark.mpi
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow]
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 if not dist.is_available():
