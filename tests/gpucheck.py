@@ -145,10 +145,14 @@ def main(argv=None) -> int:
     mpiexec = os.path.join(os.path.dirname(python), "mpiexec")
     if not os.path.exists(mpiexec):
         mpiexec = "mpiexec"
-    env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    # bytecode written once, outside the tree, and shared by every rank (as tests/run.py)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1",
+           "PYTHONPYCACHEPREFIX": os.environ.get("PYTHONPYCACHEPREFIX",
+                                                 os.path.join(ROOT, "build", "pycache")),
            "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", "1"),
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
     if args.simulate:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
         env["PYTHONWARNINGS"] = "ignore::RuntimeWarning"   # the simulator's uint64 hash wraps
