@@ -1,9 +1,9 @@
 """Test configuration.  MPI tests carry ``@pytest.mark.mpi`` (pytest-mpi) and
 run under ``mpiexec ... pytest --with-mpi``; tests also marked ``wide`` run at
-4, 6 and 8 ranks as well, those marked ``narrow`` at no more than 3.  See tests/run.py.  Under numba's CUDA simulator
-(``NUMBA_ENABLE_CUDASIM=1``) the harness of ``tests/cudasim.py`` is
-installed first, so that the simulator binds kernels, exposes arrays and
-takes streams as a GPU does.
+4, 6 and 8 ranks as well, those marked ``narrow`` at no more than 3.  See
+tests/run.py.  Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the
+harness of ``tests/cudasim.py`` is installed first, so that the simulator
+binds kernels, exposes arrays and takes streams as a GPU does.
 
 With ``HPCCOMM_TEST_MARKERS=PATH`` (tests/run.py's ``--collect-only`` pass),
 the names of the markers of each test file's tests are written to PATH as
@@ -20,8 +20,8 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "wide: MPI test that also runs at 4, 6 and 8 ranks")
     config.addinivalue_line("markers", "narrow: MPI test of a layer above the collectives (fusion, "
                             "overlap, staleness, the DDP hook, the documented examples), whose "
-                            "collectives the other tests run at every rank count: at 1, 2 and 3 "
-                            "ranks only")
+                            "collectives the other tests run at every rank count: at no more than "
+                            "tests/run.py's NARROW ranks")
     config.addinivalue_line("markers", "slow: MPI test run once, at 2 ranks (large memory)")
     config.addinivalue_line("markers", "alone: test that needs the machine to itself (daemons, "
                             "network namespaces): tests/run.py runs it after the other plain "

@@ -34,6 +34,8 @@ import subprocess
 import sys
 import time
 
+from run import share_bytecode  # tests/run.py, beside this script
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 INFO = r"""
@@ -145,14 +147,11 @@ def main(argv=None) -> int:
     mpiexec = os.path.join(os.path.dirname(python), "mpiexec")
     if not os.path.exists(mpiexec):
         mpiexec = "mpiexec"
-    # bytecode written once, outside the tree, and shared by every rank (as tests/run.py)
     env = {**os.environ, "PYTHONUNBUFFERED": "1",
-           "PYTHONPYCACHEPREFIX": os.environ.get("PYTHONPYCACHEPREFIX",
-                                                 os.path.join(ROOT, "build", "pycache")),
            "NUMBA_NUM_THREADS": os.environ.get("NUMBA_NUM_THREADS", "1"),
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)}
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    share_bytecode(env)
     if args.simulate:
         env["NUMBA_ENABLE_CUDASIM"] = "1"
         env["PYTHONWARNINGS"] = "ignore::RuntimeWarning"   # the simulator's uint64 hash wraps

@@ -90,6 +90,18 @@ WARM_CODECS = ("ebq", "qsgd", "terngrad", "onebit", "powersgd", "fp16", "fp8", "
                "adaptive", "threshold", "randk", "bf16", "none")
 
 
+def share_bytecode(env):
+    """Let the processes started with ``env`` write and load compiled bytecode,
+    in one cache outside the tree (``build/pycache``, unless the caller chose
+    a ``PYTHONPYCACHEPREFIX``).  The suite starts ~600 processes (workers,
+    ranks, the jobs the tests start); with no bytecode written each compiled
+    hpccomm and the test modules again (an import of hpccomm 0.9 against 0.5
+    s, a rank's collection 2.6 against 1.2 s).  Python replaces ``.pyc``
+    files atomically, so ranks that start together do not race."""
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(ROOT, "build", "pycache"))
+
+
 def warm_kernels(mpiexec, env, jobs, timeout):
     """Compile the kernels the codecs' collectives call, before the tests:
     ``jobs`` benchmark runs at 2 ranks at once, each on its share of
@@ -186,12 +198,7 @@ def main():
     # kernels first on an empty cache: each kernel compiled once between them
     env.setdefault("HPCCOMM_COMPILE_LOCK", "1")
     env["HPCCOMM_TEST_LOGDIR"] = LOGDIR
-    # every process of the suite (~600: workers, ranks, the jobs the tests start)
-    # loads hpccomm and the test modules compiled, from one cache outside the
-    # tree: with no bytecode written, each compiled them again (an import of
-    # hpccomm 0.9 against 0.5 s, a rank's collection 2.6 against 1.2 s)
-    env.pop("PYTHONDONTWRITEBYTECODE", None)
-    env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(ROOT, "build", "pycache"))
+    share_bytecode(env)
     shutil.rmtree(LOGDIR, ignore_errors=True)
     # no:logging: pytest's log capture attaches a handler to every non-propagating
     # logger (torch makes dozens) around each test phase, 6 % of an MPI run's time,
