@@ -31,7 +31,10 @@ TEST = ["pytest>=7", "pytest-mpi>=0.6", "pytest-timeout>=2.1", "hypothesis>=6",
         # NVIDIA's numba.cuda (numba's own is deprecated), the one the gpu extra installs:
         # the device-path tests run on its simulator, and tests/test_cuda_compile.py
         # compiles every kernel to PTX with its compiler ([cu13]: NVVM and NVRTC from PyPI)
-        "numba-cuda[cu13]>=0.30", NUMPY_FOR_NUMBA_CUDA]
+        "numba-cuda[cu13]>=0.30", NUMPY_FOR_NUMBA_CUDA,
+        # the simulator harness runs a block's CUDA threads as greenlets on one
+        # Python thread, not a Python thread each (tests/cudasim.py)
+        "greenlet>=3"]
 
 GPU_CUDA12 = ["cupy-cuda12x", "numba-cuda[cu12]>=0.30", NUMPY_FOR_NUMBA_CUDA]
 

@@ -34,18 +34,18 @@ real failures:
 * **A block's shared arrays are one array.**  The simulator makes a shared
   array on the first call of ``cuda.shared.array`` from a source line with a
   check-then-set that two threads of the block can both pass, each then
-  working on an array of its own; here the allocation is atomic.  (The
-  simulator's threads used to switch only every 5 ms, which hid it.)
+  working on an array of its own; here the allocation is atomic.
+* **A missing barrier shows.**  The threads of a block take turns between
+  barriers in ``threadIdx`` order in one phase and in the reverse order in
+  the next, and the other way round in the next block
+  (:func:`_block_runner`): a thread that reads what another writes without
+  a barrier between them reads it in some blocks and not in others.
 
-It also makes the simulator fast enough to use: numba-cuda's simulator takes
-a lock around every call of a device function, and with Python's default
-5 ms thread switch interval the threads of a block that wait for it queue
-behind the block manager's polling loop (a kernel of eight threads ran 60
-times slower than with the lock-free simulator of numba's own numba.cuda);
-threads switch every 10 µs here.  And a block's ``syncthreads()`` is a
-barrier on a condition (:class:`_Barrier`) that the block's runner waits for
-by joining its threads, where numba-cuda's runner polls every thread in a
-loop that takes its turn at the interpreter with them.
+It also makes the simulator fast enough to use.  numba-cuda's simulator
+starts a Python thread per CUDA thread and polls them for their barriers,
+which was most of the time of a launch; here a block's CUDA threads are
+greenlets (the ``greenlet`` package) that one Python thread resumes in
+turn, each running to its next ``syncthreads()`` or its end.
 """
 import contextlib
 import functools
@@ -53,7 +53,6 @@ import os
 import runpy
 import subprocess
 import sys
-import threading
 import types
 
 import numpy as np
@@ -122,7 +121,6 @@ def install() -> None:
     if getattr(kernel_cls, "_hpccomm_harness", False):
         return
     kernel_cls._hpccomm_harness = True
-    sys.setswitchinterval(1e-5)
 
     def __get__(self, obj, objtype=None):       # numba's _DispatcherBase.__get__
         return self if obj is None else types.MethodType(self, obj)
@@ -195,77 +193,6 @@ def install() -> None:
     K.BlockManager.run = _block_runner(K)
 
 
-class _Barrier:
-    """``syncthreads()`` of one simulated block, as numba-cuda's block runner
-    has it: it releases when every thread still running waits at it (a
-    thread that has returned is not waited for), and a thread that raised
-    aborts the others (their ``syncthreads()`` raises, as there)."""
-
-    def __init__(self, threads):
-        self.threads = threads
-        self.cond = threading.Condition()
-        self.live = len(threads)
-        self.waiting = 0
-        self.generation = 0
-        self.failed = None                  # the first thread that raised
-
-    def _release(self):
-        self.waiting = 0
-        self.generation += 1
-        self.cond.notify_all()
-
-    def wait(self):
-        with self.cond:
-            generation = self.generation
-            self.waiting += 1
-            if self.waiting == self.live:
-                self._release()
-                return
-            while self.generation == generation and self.failed is None:
-                self.cond.wait()
-
-    def leave(self, thread):
-        with self.cond:
-            self.live -= 1
-            if thread.exception is not None:
-                if self.failed is None:
-                    self.failed = thread
-                    for t in self.threads:
-                        t.abort = True
-                    self.cond.notify_all()
-            elif self.waiting and self.waiting == self.live:
-                self._release()
-
-
-#: what makes the threads of a block wait for each other
-_BARRIERS = frozenset(["syncthreads", "syncthreads_count", "syncthreads_and", "syncthreads_or",
-                       "syncwarp", "this_grid", "sync"])
-
-
-def _waits_for_its_block(K, fn, seen) -> bool:
-    """Whether kernel or device function ``fn`` may call a barrier: its
-    code, its nested code, and the device functions it reaches by a global
-    name or an attribute of a module it names (conservative: any name match)."""
-    codes, names = [fn.__code__], set()
-    while codes:
-        code = codes.pop()
-        names.update(code.co_names)
-        codes.extend(c for c in code.co_consts if isinstance(c, types.CodeType))
-    if names & _BARRIERS:
-        return True
-    for name in names:
-        value = fn.__globals__.get(name)
-        found = [value] if not isinstance(value, types.ModuleType) else \
-            [getattr(value, other, None) for other in names]
-        for obj in found:
-            inner = getattr(obj, "fn", None) if isinstance(obj, K.FakeCUDAKernel) else None
-            if inner is not None and inner not in seen:
-                seen.add(inner)
-                if _waits_for_its_block(K, inner, seen):
-                    return True
-    return False
-
-
 def _named(exc, thread):
     """``exc`` with the thread that raised it in its message, as the
     simulator names it (``tid=[..] ctaid=[..]: message``); a RuntimeError
@@ -280,65 +207,66 @@ def _named(exc, thread):
 
 def _block_runner(K):
     """numba-cuda's ``BlockManager.run`` (``K``: ``numba.cuda.simulator.kernel``)
-    with :class:`_Barrier` for its polling loop, and a block of a kernel
-    that calls no barrier (:func:`_waits_for_its_block`) run thread after
-    thread on one Python thread: a schedule a GPU may run too, without a
-    Python thread started per CUDA thread (its start is most of the cost)."""
-    barrier_free = {}
+    with the CUDA threads of a block run as greenlets on one Python thread,
+    in place of a Python thread per CUDA thread (whose start, and the
+    block's polling of them, were most of a simulated launch).
 
-    class BlockThread(K.BlockThread):
+    The block runs in phases: each thread still running is resumed once,
+    and runs to its next barrier (``syncthreads()`` and the simulator's
+    ``syncthreads_count`` / ``_and`` / ``_or``, which call it) or to its
+    end; the next phase starts when every thread of the block has.  That is
+    ``syncthreads()``'s contract (a thread that has returned is not waited
+    for), and one schedule a GPU may run.  The threads of a phase take turns
+    in ``threadIdx`` order in one phase and in the reverse order in the next
+    (and the other way round in the next block), so that a thread reading
+    what another writes in the same phase -- a race, a missing barrier --
+    reads it in some blocks and not in others, and the results differ from
+    the host's.  The first thread that raises ends its block; the others are
+    unwound, and the launch raises its exception, named."""
+    from greenlet import getcurrent, greenlet
+
+    class GreenBlock(K.BlockThread):
+        """One block, as this Python thread (``threading.current_thread()``
+        for the simulator's ``cuda.threadIdx`` ...), which sets the
+        ``threadIdx`` of each CUDA thread before resuming its greenlet."""
+
+        def __init__(self, target, manager, grid_point, debug):
+            super().__init__(target, manager, grid_point, (0, 0, 0), debug)
+            gx, gy, _ = manager._grid_dim
+            x, y, z = grid_point
+            self.flip = (x + gx * (y + gy * z)) % 2
+
         def run(self):
-            try:
-                self._target()
-            except Exception as e:
-                self.exception = (_named(e, self), sys.exc_info()[2])
-            finally:
-                self._manager.barrier.leave(self)
+            bx, by, bz = self._manager._block_dim
+            who = [(K.Dim3(x, y, z), x + bx * (y + by * z))
+                   for z in range(bz) for y in range(by) for x in range(bx)]
+            threads = [greenlet(self._target) for _ in who]
+            live, phase = list(range(len(who))), self.flip
+            while live:
+                waiting = []
+                for i in (live if phase % 2 == 0 else reversed(live)):
+                    self.threadIdx, self.thread_id = who[i]
+                    try:
+                        threads[i].switch()
+                    except Exception as e:
+                        self.exception = (_named(e, self), sys.exc_info()[2])
+                        for t in threads:
+                            if t:                       # started, not finished
+                                t.throw()               # GreenletExit: unwound
+                        return
+                    if not threads[i].dead:
+                        waiting.append(i)
+                live, phase = sorted(waiting), phase + 1
 
         def syncthreads(self):
-            if self.abort:
-                raise RuntimeError("abort flag set on syncthreads call")
-            self._manager.barrier.wait()
-            if self.abort:
-                raise RuntimeError("abort flag set on syncthreads clear")
-
-    class SerialBlock(K.BlockThread):
-        """Every CUDA thread of one block, in order, as this Python thread."""
-
-        def run(self):
-            bx, by, _ = self._manager._block_dim
-            for point in np.ndindex(*self._manager._block_dim):
-                self.threadIdx = K.Dim3(*point)
-                self.thread_id = point[0] + bx * (point[1] + by * point[2])
-                try:
-                    self._target()
-                except Exception as e:
-                    self.exception = (_named(e, self), sys.exc_info()[2])
-                    return
-
-        def syncthreads(self):
-            raise RuntimeError("the harness ran this block thread after thread, finding no "
-                               "barrier in its kernel, yet it called one: extend _BARRIERS")
+            getcurrent().parent.switch()
 
     def run(self, grid_point, *args):
-        serial = barrier_free.get(self._f)
-        if serial is None:
-            serial = barrier_free[self._f] = not _waits_for_its_block(K, self._f, {self._f})
-        target = lambda: self._f(*args)  # noqa: E731
-        if serial:
-            threads = [SerialBlock(target, self, grid_point, (0, 0, 0), self._debug)]
-        else:
-            threads = [BlockThread(target, self, grid_point, point, self._debug)
-                       for point in np.ndindex(*self._block_dim)]
-            self.barrier = _Barrier(threads)
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        failed = (None if serial else self.barrier.failed) \
-            or next((t for t in threads if t.exception), None)
-        if failed is not None:
-            raise failed.exception[0].with_traceback(failed.exception[1])
+        block = GreenBlock(lambda: self._f(*args), self, grid_point, self._debug)
+        block.start()
+        block.join()
+        if block.exception is not None:
+            raise block.exception[0].with_traceback(block.exception[1])
 
     return run
 

@@ -76,7 +76,7 @@ def steps(simulate: bool, out: str, python: str, mpiexec: str):
     sizes = ["-m", "4K:4K", "-i", "3", "-x", "1"] if simulate else \
         ["-m", "1M:64M", "-f", "64", "-i", "10", "-x", "2"]
     codecs = "none,onebit,topk" if simulate else "none,bf16,onebit,qsgd,terngrad,topk"
-    # the simulator runs a Python thread per CUDA thread: beyond one rank, three twins
+    # the simulator runs each CUDA thread's code in Python: beyond one rank, three twins
     some = ["-k", "onebit or topk or qsgd"] if simulate else []
     buffers = [("sim", "cpu")] if simulate else [("cupy", "cuda"), ("torch", "cuda")]
     plan = [("info", [python, "-c", INFO], 60),

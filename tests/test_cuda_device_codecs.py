@@ -17,7 +17,7 @@ Each check runs in a fresh interpreter with ``NUMBA_ENABLE_CUDASIM=1`` (see
 * NaN / Inf: :class:`~hpccomm.errors.NonFiniteError` under
   ``nonfinite="raise"``, the host's very bytes under ``"propagate"``.
 
-The simulator runs a Python thread per CUDA thread: inputs stay small.
+The simulator runs each CUDA thread's code in Python: inputs stay small.
 """
 import functools
 import warnings

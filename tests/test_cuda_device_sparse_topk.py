@@ -9,15 +9,13 @@ residual and decoded values bit for bit (compared as uint32 patterns), the
 host's PacketError message for malformed packets with the target left
 untouched, and NonFiniteError where the host raises it.
 
-The simulator runs every CUDA thread as a Python thread and its scheduler
-polls them: a short GIL switch interval makes the kernels' syncthreads
-several times cheaper there.  Inputs stay small; the sampled-threshold path
-of ``topk`` (which needs ``n > 4096``) runs once at ``n = 5000`` and
-otherwise with the host module's sample-size constants lowered -- the twin
-takes ``s`` from the host codec, so both sides see the same change.
+The simulator runs each CUDA thread's code in Python.  Inputs stay small;
+the sampled-threshold path of ``topk`` (which needs ``n > 4096``) runs once
+at ``n = 5000`` and otherwise with the host module's sample-size constants
+lowered -- the twin takes ``s`` from the host codec, so both sides see the
+same change.
 """
 import functools
-import sys
 import warnings
 from dataclasses import replace
 
@@ -36,7 +34,6 @@ def _setup():
     from numba import config
 
     assert config.ENABLE_CUDASIM, "run with NUMBA_ENABLE_CUDASIM=1"
-    sys.setswitchinterval(0.001)
     # the simulator runs the kernels on numpy scalars (inf - inf, uint64 wraparound warn)
     warnings.simplefilter("ignore", RuntimeWarning)
 

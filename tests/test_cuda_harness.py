@@ -9,10 +9,11 @@
 * the harness itself: its picture of numba's ``DeviceNDArray`` is the real
   class's, and a kernel stored as a plain class attribute fails under it
   the way it fails on a GPU;
-* the harness's block runner: a kernel that calls no barrier runs its
-  blocks thread after thread, one that does (through a device function
-  too) a Python thread per CUDA thread; both give the GPU's answers, and a
-  thread that raises is named;
+* the harness's block runner (a block's CUDA threads as greenlets, in
+  phases between barriers): kernels with and without barriers (through a
+  device function too, and ``syncthreads_count``) give the GPU's answers,
+  a read of what another thread writes in the same phase differs between
+  blocks (the race shows), and a thread that raises is named;
 * a numpy that numba-cuda cannot compile kernels with (numpy 2.5 removed
   ``np.row_stack``; the simulator compiles nothing, so only a GPU showed
   it) is refused when the kernels are imported, with the fix in the message.
@@ -253,18 +254,30 @@ def fails_after_a_barrier(out, bad):
     out[i] = 1
 
 
+@cuda.jit
+def counts_positive(x, out):
+    """``syncthreads_count``: the threads of the block with a positive value."""
+    n = cuda.syncthreads_count(x[cuda.grid(1)] > 0)
+    if cuda.threadIdx.x == 0:
+        out[cuda.blockIdx.x] = n
+
+
+@cuda.jit
+def reads_a_neighbour_unsynchronized(buf, out):
+    """A missing barrier: each thread writes its slot of its block's part of
+    ``buf`` (zeros before), then reads the next thread's in the same phase."""
+    t, base = cuda.threadIdx.x, cuda.blockIdx.x * cuda.blockDim.x
+    buf[base + t] = t + 1
+    out[base + t] = buf[base + (t + 1) % cuda.blockDim.x]
+
+
 def check_block_runner():
-    """Under the harness: the kernel without a barrier runs thread after
-    thread, the one with a barrier behind a device function on threads;
-    both give what a GPU gives; the thread that raised is named, also when
-    its exception's type takes other arguments than a message."""
+    """Under the harness: kernels with and without barriers (one behind a
+    device function) give what a GPU gives; a race between the threads of a
+    phase shows as blocks that disagree; the thread that raised is named,
+    also when its exception's type takes other arguments than a message."""
     import numpy as np
-    from numba.cuda.simulator import kernel as K
 
-    from tests.cudasim import _waits_for_its_block
-
-    assert not _waits_for_its_block(K, thread_ids.fn, set())
-    assert _waits_for_its_block(K, block_sums.fn, set())
     ids = cuda.to_device(np.zeros(4 * 8, np.int64))
     thread_ids[4, 8](ids)
     want = [t * 1000 + b for b in range(4) for t in range(8)]
@@ -273,6 +286,14 @@ def check_block_runner():
     sums = cuda.to_device(np.zeros(3))
     block_sums[3, 16](cuda.to_device(x), sums)
     assert sums.copy_to_host().tolist() == x.reshape(3, 16).sum(axis=1).tolist()
+    signs = np.array([1, -1, 2, 0, 3, 4, -5, 6] * 2, np.float64) * np.repeat([1, -1], 8)
+    counts = cuda.to_device(np.zeros(2, np.int64))
+    counts_positive[2, 8](cuda.to_device(signs), counts)
+    assert counts.copy_to_host().tolist() == [5, 2]
+    raced = cuda.to_device(np.zeros(2 * 8, np.int64))
+    reads_a_neighbour_unsynchronized[2, 8](cuda.to_device(np.zeros(2 * 8, np.int64)), raced)
+    unwritten = (raced.copy_to_host().reshape(2, 8) == 0).tolist()
+    assert unwritten[0] != unwritten[1], f"blocks raced the same way: {unwritten}"
     for plain, kind, text in ((True, ValueError, "planted"),
                               (False, RuntimeError, "TwoArguments: 1 and 2")):
         try:

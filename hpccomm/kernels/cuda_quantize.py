@@ -52,7 +52,7 @@ from .rng import bits24_weyl, uniform01, weyl
 _uniform01 = cuda.jit(device=True)(uniform01)
 _weyl = cuda.jit(device=True)(weyl)
 _bits24_weyl = cuda.jit(device=True)(bits24_weyl)
-#: threads per block (the simulator runs one Python thread per CUDA thread)
+#: threads per block (the simulator runs each CUDA thread's code in Python)
 _THREADS = 32 if config.ENABLE_CUDASIM else 128
 
 _launch = partial(U.launch, _THREADS)

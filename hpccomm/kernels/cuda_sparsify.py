@@ -40,7 +40,7 @@ from numba import config, cuda, int32, int64
 
 from . import cuda_util as U
 
-#: threads per block (the simulator runs one Python thread per CUDA thread)
+#: threads per block (the simulator runs each CUDA thread's code in Python)
 THREADS = U.THREADS
 #: rounds of THREADS elements per tile
 ROUNDS = 4 if config.ENABLE_CUDASIM else 64

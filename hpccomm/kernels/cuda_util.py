@@ -66,7 +66,7 @@ def _check_numpy_for_numba_cuda():
 
 _check_numpy_for_numba_cuda()
 
-#: threads per block of the kernels here (the simulator runs one Python thread per CUDA thread)
+#: threads per block of the kernels here (the simulator runs each CUDA thread's code in Python)
 THREADS = 32 if config.ENABLE_CUDASIM else 256
 #: per thread, the stack of streams :func:`on_stream` set
 _local = threading.local()
@@ -175,7 +175,7 @@ def launch(threads, kernel, count, *args):
         kernel[(count + threads - 1) // threads, threads, current_stream()](*args)
 
 
-#: most blocks of a grid-stride launch (the simulator runs a Python thread per CUDA thread)
+#: most blocks of a grid-stride launch (the simulator runs each CUDA thread's code in Python)
 GRID_BLOCKS = 2 if config.ENABLE_CUDASIM else 4096
 
 
