@@ -5,11 +5,15 @@ tests/run.py.  Under numba's CUDA simulator (``NUMBA_ENABLE_CUDASIM=1``) the
 harness of ``tests/cudasim.py`` is installed first, so that the simulator
 binds kernels, exposes arrays and takes streams as a GPU does.
 
-With ``HPCCOMM_TEST_MARKERS=PATH`` (tests/run.py's ``--collect-only`` pass),
-the names of the markers of each test file's tests are written to PATH as
-JSON, so that each MPI run collects only the files it needs."""
+With ``HPCCOMM_TEST_MARKERS=PATH`` (set by tests/run.py for its run of the
+tests marked ``alone``, which collects every file, or for a ``--collect-only``
+pass), the names of the markers of each test file's tests, selected or not,
+are written to PATH as JSON, so that each MPI run collects only the files it
+needs."""
 import json
 import os
+
+import pytest
 
 
 def pytest_configure(config):
@@ -33,12 +37,14 @@ def pytest_configure(config):
                             "when also marked wide)")
 
 
-def pytest_collection_finish(session):
+@pytest.hookimpl(tryfirst=True)     # before ``-m`` deselects
+def pytest_collection_modifyitems(session, items):
     path = os.environ.get("HPCCOMM_TEST_MARKERS")
-    if not path:
+    if not path or session.testsfailed:         # a file that failed to collect: no map
         return
     marks = {}
-    for item in session.items:
+    for item in items:
         marks.setdefault(item.location[0], set()).update(m.name for m in item.iter_markers())
-    with open(path, "w", encoding="utf-8") as f:
+    with open(path + ".part", "w", encoding="utf-8") as f:
         json.dump({name: sorted(names) for name, names in sorted(marks.items())}, f, indent=0)
+    os.replace(path + ".part", path)

@@ -9,8 +9,9 @@ more than :data:`NARROW`; the tests marked ``wide``, the sparse algorithms, at
 marked ``cudasim`` at 1 and 3 ranks under numba's CUDA simulator, and those
 also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond
 2 GiB) once, at 2 ranks.  Each rank of an MPI run collects only the test
-files that hold tests with its run's markers (found by one ``--collect-only``
-pass first): collecting every file took ~7 s per rank, and the runs start
+files that hold tests with its run's markers (recorded by the run of the
+tests marked ``alone``, which collects every file, or by a ``--collect-only``
+pass without it): collecting every file took ~7 s per rank, and the runs start
 about 40 ranks in all.
 
     python tests/run.py [--ranks 1,2,3,5] [--wide-ranks 4,6,8] [--slow-ranks 2]
@@ -32,6 +33,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGDIR = os.path.join(ROOT, "build", "test-logs")
+#: the marker names of each test file's tests (:func:`files_by_marker`)
+MARKERS = os.path.join(ROOT, "build", "test-markers.json")
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected|xfailed|xpassed).*?) in [\d.]+s")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
 
@@ -134,20 +137,19 @@ def warm_kernels(mpiexec, env, jobs, timeout):
 
 
 def files_by_marker(base_cmd, env):
-    """``{test file: set of marker names of its tests}`` from one
-    ``--collect-only`` pass (:func:`pytest_collection_finish` in
-    tests/conftest.py), or None when it fails (each run then collects the
-    whole directory, and shows the error)."""
-    path = os.path.join(ROOT, "build", "test-markers.json")
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    if os.path.exists(path):
-        os.remove(path)
-    proc = subprocess.run(base_cmd + ["--collect-only"], cwd=ROOT, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, env={**env, "HPCCOMM_TEST_MARKERS": path})
-    if proc.returncode != 0 or not os.path.exists(path):
-        print("### collect-only failed: every run collects all of tests/", flush=True)
-        return None
-    with open(path, encoding="utf-8") as f:
+    """``{test file: set of marker names of its tests}``, from :data:`MARKERS`
+    as the run of the tests marked ``alone`` wrote it while it collected every
+    file (``pytest_collection_modifyitems`` in tests/conftest.py), or else
+    from one ``--collect-only`` pass; None when that fails too (each run then
+    collects the whole directory, and shows the error)."""
+    if not os.path.exists(MARKERS):
+        proc = subprocess.run(base_cmd + ["--collect-only"], cwd=ROOT, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL,
+                              env={**env, "HPCCOMM_TEST_MARKERS": MARKERS})
+        if proc.returncode != 0 or not os.path.exists(MARKERS):
+            print("### collect-only failed: every run collects all of tests/", flush=True)
+            return None
+    with open(MARKERS, encoding="utf-8") as f:
         return {name: set(marks) for name, marks in json.load(f).items()}
 
 
@@ -200,6 +202,9 @@ def main():
     env["HPCCOMM_TEST_LOGDIR"] = LOGDIR
     share_bytecode(env)
     shutil.rmtree(LOGDIR, ignore_errors=True)
+    os.makedirs(os.path.dirname(MARKERS), exist_ok=True)
+    if os.path.exists(MARKERS):
+        os.remove(MARKERS)
     # no:logging: pytest's log capture attaches a handler to every non-propagating
     # logger (torch makes dozens) around each test phase, 6 % of an MPI run's time,
     # and no test reads captured logs
@@ -216,7 +221,7 @@ def main():
         results.append(("plain",) + run("plain", base + ["-m", "not mpi and not alone", *workers],
                                         args.timeout, env))
         results.append(("alone",) + run("alone", base + ["-m", "not mpi and alone"], args.timeout,
-                                        env))
+                                        {**env, "HPCCOMM_TEST_MARKERS": MARKERS}))
     rank_counts = {name: [int(v) for v in getattr(args, name).split(",") if v.strip()]
                    for name in ("ranks", "cudasim_ranks", "wide_ranks", "slow_ranks")}
     files = files_by_marker(base, env) if any(rank_counts.values()) else None
