@@ -3,7 +3,7 @@ code could tell the difference, and a way to run checks on it.
 
 ``NUMBA_ENABLE_CUDASIM`` must be set before numba is imported, so the
 simulator tests run in processes that have it set: each check function of
-``tests/test_cuda_*.py`` in a fresh interpreter (:func:`run_check`), the
+``tests/test_cuda_*.py`` in a process of its own (:func:`run_check`), the
 MPI tests marked ``cudasim`` under ``tests/run.py`` (``conftest.py``
 installs the harness there), and ``./dev.sh gpu --simulate``, which runs
 the benchmarks through ``python tests/cudasim.py -m MODULE ARGS``.
@@ -283,17 +283,93 @@ def _simulator_missing(python) -> str:
     return "" if probe.returncode == 0 else probe.stderr.strip()[-200:]
 
 
+#: this process's zygote (:func:`run_check`), once started
+_ZYGOTE = []
+
+
 def run_check(module: str, check: str, timeout: int = 300) -> None:
     """Run ``tests.<module>.<check>()`` on the simulator, with the harness
-    installed; fail with its output."""
+    installed, in a process of its own; fail with its output.
+
+    The process is forked from a zygote (:func:`zygote`, started on this
+    process's first check) that has installed the harness, imported hpccomm
+    and its device kernels and loaded a CPU kernel once: each check starts
+    from that state, untouched by the checks before it, without paying
+    for it (1.5 s of imports, and numba's first kernel load)."""
     import pytest
 
     if simulator_missing():
         pytest.skip(f"numba.cuda simulator unavailable: {simulator_missing()}")
-    proc = subprocess.run([sys.executable, "-c", "from tests.cudasim import install; install(); "
-                           f"from tests.{module} import {check}; {check}()"],
-                          cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=timeout)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    if not _ZYGOTE or _ZYGOTE[0].poll() is not None:
+        _ZYGOTE[:] = [subprocess.Popen(
+            [sys.executable, "-c", "from tests.cudasim import zygote; zygote()"], cwd=ROOT,
+            env=ENV, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)]
+    proc = _ZYGOTE[0]
+    proc.stdin.write(f"{module} {check} {timeout}\n")
+    proc.stdin.flush()
+    reply = proc.stdout.readline().split(" ", 1)
+    assert len(reply) == 2, f"the simulator's zygote ended (exit {proc.wait()})"
+    rc, path = int(reply[0]), reply[1].strip()
+    with open(path, encoding="utf-8", errors="replace") as f:
+        output = f.read()
+    os.remove(path)
+    assert rc == 0, output
+
+
+def zygote() -> None:
+    """:func:`run_check`'s zygote: for each line ``MODULE CHECK TIMEOUT`` on
+    stdin, fork a child that runs ``tests.<MODULE>.<CHECK>()`` with its
+    output in a file; answer ``EXIT_CODE PATH`` on stdout (124 when the
+    child was killed after ``TIMEOUT`` seconds). Ends with stdin."""
+    import importlib
+    import signal
+    import tempfile
+    import time
+    import traceback
+
+    install()
+    for name in ("hpccomm.device_codecs", "hpccomm.buffers.host_device"):
+        importlib.import_module(name)             # the device kernels, imported once
+    from hpccomm.kernels.nonfinite import count_nonfinite
+
+    count_nonfinite(np.zeros(1, np.float32))      # numba's registries, loaded once
+    for line in sys.stdin:
+        module, check, timeout = line.split()
+        fd, path = tempfile.mkstemp(prefix="hpccomm-check-", suffix=".log")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                devnull = os.open(os.devnull, os.O_RDONLY)
+                os.dup2(devnull, 0)
+                os.dup2(fd, 1)
+                os.dup2(fd, 2)
+                getattr(importlib.import_module(f"tests.{module}"), check)()
+                code = 0
+            except BaseException:       # noqa: BLE001 -- reported in the output
+                traceback.print_exc()
+            finally:
+                sys.stdout.flush()
+                sys.stderr.flush()
+                os._exit(code)
+        os.close(fd)
+        deadline = time.monotonic() + float(timeout)
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                code = os.waitstatus_to_exitcode(status)
+                break
+            if time.monotonic() > deadline:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                with open(path, "a", encoding="utf-8") as f:
+                    f.write(f"\ntimed out after {timeout} s\n")
+                code = 124
+                break
+            time.sleep(0.005)
+        print(code, path, flush=True)
 
 
 def main(argv) -> None:

@@ -2,7 +2,7 @@
 fp16, bf16, onebit, terngrad, qsgd) against the host codecs, on numba's CUDA
 simulator.
 
-Each check runs in a fresh interpreter with ``NUMBA_ENABLE_CUDASIM=1`` (see
+Each check runs in a process of its own with ``NUMBA_ENABLE_CUDASIM=1`` (see
 ``tests/test_cuda_sim.py``) and demands, bit for bit:
 
 * ``encode_with_feedback(x, e, e_out, ctx)``: the packet of the host's

@@ -2,10 +2,10 @@
 (:mod:`hpccomm.device_codecs`) against the host codecs' three-step
 reference, on numba's CUDA simulator.
 
-As in ``tests/test_cuda_sim.py`` each check runs in a fresh interpreter with
+As in ``tests/test_cuda_sim.py`` each check runs in a process of its own with
 ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported) and is skipped when
-the simulator is missing.  The simulator runs a kernel's threads as Python
-threads, so the inputs stay small and the grids are sampled: every size meets
+the simulator is missing.  The simulator runs each thread's code in Python,
+so the inputs stay small and the grids are sampled: every size meets
 several parameter sets, contexts, feedback flags and residual forms, not all
 of their products.  The demands are exact: the packet's bytes, the residual's
 and the decoded vector's bits, the host decoder's PacketError (and message)

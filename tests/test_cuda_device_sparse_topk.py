@@ -2,7 +2,7 @@
 :mod:`hpccomm.device_codecs.dgc`) against the host codecs' three-step
 reference, on numba's CUDA simulator.
 
-As in ``tests/test_cuda_sim.py``, each check runs in a fresh interpreter with
+As in ``tests/test_cuda_sim.py``, each check runs in a process of its own with
 ``NUMBA_ENABLE_CUDASIM=1`` (set before numba is imported) and is skipped when
 the simulator cannot start.  The checks demand the host's packet bytes, the
 residual and decoded values bit for bit (compared as uint32 patterns), the

@@ -3,9 +3,9 @@ part of :mod:`hpccomm.kernels.cuda_sparsify`) against the CPU kernels and
 codecs, on numba's CUDA simulator.
 
 ``NUMBA_ENABLE_CUDASIM`` must be set before numba is imported, so each check
-below runs in a fresh interpreter with ``NUMBA_ENABLE_CUDASIM=1``; a plain
+below runs in a process of its own with ``NUMBA_ENABLE_CUDASIM=1``; a plain
 ``pytest tests`` runs them (and skips them when numba-cuda is missing).  The
-simulator runs kernels as Python threads, about 200 ms per 10k elements:
+simulator runs each thread's code in Python, about 200 ms per 10k elements:
 inputs stay small.  The checks demand the very bytes of the CPU packets.
 """
 import functools
