@@ -320,13 +320,17 @@ def zygote() -> None:
     """:func:`run_check`'s zygote: for each line ``MODULE CHECK TIMEOUT`` on
     stdin, fork a child that runs ``tests.<MODULE>.<CHECK>()`` with its
     output in a file; answer ``EXIT_CODE PATH`` on stdout (124 when the
-    child was killed after ``TIMEOUT`` seconds). Ends with stdin."""
+    child was killed after ``TIMEOUT`` seconds). Ends with stdin.  The
+    answers go out on a copy of stdout made first; stdout itself then goes
+    to stderr, so that nothing an import prints can garble them."""
     import importlib
     import signal
     import tempfile
     import time
     import traceback
 
+    answers = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
     install()
     for name in ("hpccomm.device_codecs", "hpccomm.buffers.host_device"):
         importlib.import_module(name)             # the device kernels, imported once
@@ -342,6 +346,7 @@ def zygote() -> None:
         if pid == 0:
             code = 1
             try:
+                answers.close()
                 devnull = os.open(os.devnull, os.O_RDONLY)
                 os.dup2(devnull, 0)
                 os.dup2(fd, 1)
@@ -369,7 +374,7 @@ def zygote() -> None:
                 code = 124
                 break
             time.sleep(0.005)
-        print(code, path, flush=True)
+        print(code, path, file=answers)
 
 
 def main(argv) -> None:
