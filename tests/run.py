@@ -4,8 +4,8 @@ job per core, :func:`warm_kernels`), then plain pytest (on every core, pytest-xd
 with work stealing; then the tests marked ``alone``, daemons and network
 namespaces, by themselves), then the MPI tests under ``mpiexec -n K`` for
 K = 1, 2, 3, 5 (those marked ``narrow``, layers above the collectives, at no
-more than :data:`NARROW`; the tests marked ``wide``, the sparse algorithms, at
-4, 6 and 8 ranks too; the tests
+more than :data:`NARROW`; the tests marked ``wide``, the sparse algorithms and
+pipelined ``twoshot`` (the latter at 4 only), at 4, 6 and 8 ranks too; the tests
 marked ``cudasim`` at 1 and 3 ranks under numba's CUDA simulator, and those
 also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond
 2 GiB) once, at 2 ranks.  Each rank of an MPI run collects only the test
