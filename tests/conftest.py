@@ -6,7 +6,7 @@ harness of ``tests/cudasim.py`` is installed first, so that the simulator
 binds kernels, exposes arrays and takes streams as a GPU does.
 
 With ``HPCCOMM_TEST_MARKERS=PATH`` (set by tests/run.py for its run of the
-tests marked ``alone``, which collects every file, or for a ``--collect-only``
+tests that need no MPI, which collects every file, or for a ``--collect-only``
 pass), the names of the markers of each test file's tests, selected or not,
 are written to PATH as JSON, so that each MPI run collects only the files it
 needs."""
@@ -45,6 +45,7 @@ def pytest_collection_modifyitems(session, items):
     marks = {}
     for item in items:
         marks.setdefault(item.location[0], set()).update(m.name for m in item.iter_markers())
-    with open(path + ".part", "w", encoding="utf-8") as f:
+    part = f"{path}.{os.getpid()}.part"      # each xdist worker writes the same map
+    with open(part, "w", encoding="utf-8") as f:
         json.dump({name: sorted(names) for name, names in sorted(marks.items())}, f, indent=0)
-    os.replace(path + ".part", path)
+    os.replace(part, path)

@@ -1,18 +1,18 @@
 #!/usr/bin/env python3
 """Run hpccomm's whole test suite: first the kernels compiled (one benchmark
-job per core, :func:`warm_kernels`), then plain pytest (on every core, pytest-xdist
-with work stealing; then the tests marked ``alone``, daemons and network
-namespaces, by themselves), then the MPI tests under ``mpiexec -n K`` for
-K = 1, 2, 3, 5 (those marked ``narrow``, layers above the collectives, at no
-more than :data:`NARROW`; the tests marked ``wide``, the sparse algorithms and
-pipelined ``twoshot`` (the latter at 4 only), at 4, 6 and 8 ranks too; the tests
-marked ``cudasim`` at 1 and 3 ranks under numba's CUDA simulator, and those
-also marked ``wide`` at 5), then the tests marked ``slow`` (messages beyond
-2 GiB) once, at 2 ranks.  Each rank of an MPI run collects only the test
-files that hold tests with its run's markers (recorded by the run of the
-tests marked ``alone``, which collects every file, or by a ``--collect-only``
-pass without it): collecting every file took ~7 s per rank, and the runs start
-about 40 ranks in all.
+job per core, :func:`warm_kernels`), then plain pytest (on every core,
+pytest-xdist with work stealing; then the tests marked ``alone``, daemons and
+network namespaces, with nothing beside them but the MPI runs at one rank),
+then the MPI tests under ``mpiexec -n K`` for K = 1, 2, 3, 5 (those marked
+``narrow``, layers above the collectives, at no more than :data:`NARROW`; the
+tests marked ``wide``, the sparse algorithms and pipelined ``twoshot`` (the
+latter at 4 only), at 4, 6 and 8 ranks too; the tests marked ``cudasim`` at 1
+and 3 ranks under numba's CUDA simulator, and those also marked ``wide`` at
+5), then the tests marked ``slow`` (messages beyond 2 GiB) once, at 2 ranks.
+Each rank of an MPI run collects only the test files that hold tests with
+its run's markers (recorded by the plain run, which collects every file, or
+by a ``--collect-only`` pass without it): collecting every file took ~7 s
+per rank, and the runs start about 40 ranks in all.
 
     python tests/run.py [--ranks 1,2,3,5] [--wide-ranks 4,6,8] [--slow-ranks 2]
                         [--workers auto] [--warm-jobs CORES] [--timeout 900] [-- pytest args]
@@ -23,6 +23,9 @@ mpiexec tears the job down).  Ranks other than 0 log to build/test-logs/, which
 are printed when a run fails.  The last line sums up all runs.
 """
 import argparse
+import concurrent.futures
+import functools
+import io
 import json
 import os
 import re
@@ -44,8 +47,12 @@ def find_mpiexec():
     return here if os.path.exists(here) else shutil.which("mpiexec")
 
 
-def run(label, cmd, timeout, env):
-    print(f"\n### {label}: {' '.join(cmd)}", flush=True)
+def run(label, cmd, timeout, env, out=None):
+    """Run ``cmd``, its output (and, when it fails, its ranks' logs) to
+    ``out`` (default: the console, as it comes); returns ``(exit code,
+    {kind: count})`` from pytest's summary line."""
+    out = out or sys.stdout
+    print(f"\n### {label}: {' '.join(cmd)}", file=out, flush=True)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env={**env, "HPCCOMM_TEST_LABEL": label}, cwd=ROOT)
@@ -53,7 +60,7 @@ def run(label, cmd, timeout, env):
     try:
         deadline = t0 + timeout
         for line in proc.stdout:
-            sys.stdout.write(line)
+            out.write(line)
             m = SUMMARY.match(line.strip())
             if m:
                 summary = m.group(1)
@@ -63,7 +70,7 @@ def run(label, cmd, timeout, env):
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        print(f"### {label}: TIMED OUT after {timeout}s", flush=True)
+        print(f"### {label}: TIMED OUT after {timeout}s", file=out, flush=True)
         return 124, {"failed": 1}
     counts = {}
     for num, kind in COUNT.findall(summary):
@@ -75,10 +82,10 @@ def run(label, cmd, timeout, env):
     if rc != 0:
         for name in sorted(os.listdir(LOGDIR)) if os.path.isdir(LOGDIR) else []:
             if name.startswith(label + "-"):
-                print(f"--- {name} ---")
+                print(f"--- {name} ---", file=out)
                 with open(os.path.join(LOGDIR, name), encoding="utf-8", errors="replace") as f:
-                    sys.stdout.write(f.read()[-20000:])
-    print(f"### {label}: exit {rc} in {time.time() - t0:.0f}s", flush=True)
+                    out.write(f.read()[-20000:])
+    print(f"### {label}: exit {rc} in {time.time() - t0:.0f}s", file=out, flush=True)
     return rc, counts
 
 
@@ -219,34 +226,54 @@ def main():
     if not args.no_plain:
         workers = [] if args.workers in ("0", "") else ["-n", args.workers, "--dist", "worksteal"]
         results.append(("plain",) + run("plain", base + ["-m", "not mpi and not alone", *workers],
-                                        args.timeout, env))
-        results.append(("alone",) + run("alone", base + ["-m", "not mpi and alone"], args.timeout,
-                                        {**env, "HPCCOMM_TEST_MARKERS": MARKERS}))
+                                        args.timeout, {**env, "HPCCOMM_TEST_MARKERS": MARKERS}))
     rank_counts = {name: [int(v) for v in getattr(args, name).split(",") if v.strip()]
                    for name in ("ranks", "cudasim_ranks", "wide_ranks", "slow_ranks")}
-    files = files_by_marker(base, env) if any(rank_counts.values()) else None
+    files = (files_by_marker(base, env) if any(rank_counts.values()) or not args.no_plain
+             else None)
 
-    def ranked(label, k, env, markers, expr):
+    def ranked(label, k, env, markers, expr, out=None):
         """Run ``-m expr`` under mpiexec -n k, each rank's pytest on the files
         of ``markers`` (none: nothing to run)."""
         paths = paths_for(files, *markers)
         if not paths:
-            print(f"\n### {label}: no test file has {' and '.join(markers)} tests", flush=True)
+            print(f"\n### {label}: no test file has {' and '.join(markers)} tests",
+                  file=out or sys.stdout, flush=True)
             return label, 0, {}
         cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
                *pytest, *paths, *opts, "-m", expr, "--with-mpi"]
-        return (label,) + run(label, cmd, args.timeout, env)
+        return (label,) + run(label, cmd, args.timeout, env, out)
 
-    for k in rank_counts["ranks"]:
+    def mpi_run(k, out=None):
         narrow = " and not narrow" if k > NARROW else ""
-        results.append(ranked(f"mpi-n{k}", k, env, ["mpi"],
-                              f"mpi and not slow and not cudasim{narrow}"))
-    for k in rank_counts["cudasim_ranks"]:
-        label = f"cudasim-n{k}"
+        return ranked(f"mpi-n{k}", k, env, ["mpi"], f"mpi and not slow and not cudasim{narrow}",
+                      out)
+
+    def cudasim_run(k, out=None):
         wide = " and wide" if k > 4 else ""      # beyond 4 ranks only what needs them
-        results.append(ranked(label, k, {**env, "NUMBA_ENABLE_CUDASIM": "1"},
-                              ["mpi", "cudasim"] + (["wide"] if wide else []),
-                              f"mpi and cudasim{wide} and not slow"))
+        return ranked(f"cudasim-n{k}", k, {**env, "NUMBA_ENABLE_CUDASIM": "1"},
+                      ["mpi", "cudasim"] + (["wide"] if wide else []),
+                      f"mpi and cudasim{wide} and not slow", out)
+
+    if not args.no_plain:
+        # the tests marked alone keep a core busy about half the time: the MPI
+        # runs at one rank go beside them, their output shown when both end
+        side = ([functools.partial(mpi_run, 1)] if 1 in rank_counts["ranks"] else []) + \
+            ([functools.partial(cudasim_run, 1)] if 1 in rank_counts["cudasim_ranks"] else [])
+        side_out = io.StringIO()
+        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+            beside = [pool.submit(f, side_out) for f in side]
+            results.append(("alone",) + run("alone", pytest + paths_for(files, "alone") + opts
+                                            + ["-m", "not mpi and alone"], args.timeout, env))
+            side_results = [f.result() for f in beside]
+        sys.stdout.write(side_out.getvalue())
+        results.extend(side_results)
+        rank_counts["ranks"] = [k for k in rank_counts["ranks"] if k != 1]
+        rank_counts["cudasim_ranks"] = [k for k in rank_counts["cudasim_ranks"] if k != 1]
+    for k in rank_counts["ranks"]:
+        results.append(mpi_run(k))
+    for k in rank_counts["cudasim_ranks"]:
+        results.append(cudasim_run(k))
     for k in rank_counts["wide_ranks"]:
         results.append(ranked(f"wide-n{k}", k, env, ["mpi", "wide"], "mpi and wide and not slow"))
     for k in rank_counts["slow_ranks"]:
