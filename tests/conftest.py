@@ -27,9 +27,10 @@ def pytest_configure(config):
                             "collectives the other tests run at every rank count: at no more than "
                             "tests/run.py's NARROW ranks")
     config.addinivalue_line("markers", "slow: MPI test run once, at 2 ranks (large memory)")
-    config.addinivalue_line("markers", "alone: test that needs the machine to itself (daemons, "
+    config.addinivalue_line("markers", "alone: test whose timeouts a loaded machine trips (daemons, "
                             "network namespaces): tests/run.py runs it after the other plain "
-                            "tests, which run on every core")
+                            "tests, which run on every core, with only the MPI runs at one rank "
+                            "beside it")
     config.addinivalue_line("markers", "gpu: needs a real NVIDIA GPU (numba.cuda finds one); skips "
                             "without")
     config.addinivalue_line("markers", "cudasim: MPI test of the device path, run under numba's "

@@ -24,7 +24,7 @@ are printed when a run fails.  The last line sums up all runs.
 """
 import argparse
 import concurrent.futures
-import functools
+import glob
 import io
 import json
 import os
@@ -51,7 +51,8 @@ def run(label, cmd, timeout, env, out=None):
     """Run ``cmd``, its output (and, when it fails, its ranks' logs) to
     ``out`` (default: the console, as it comes); returns ``(exit code,
     {kind: count})`` from pytest's summary line."""
-    out = out or sys.stdout
+    if out is None:
+        out = sys.stdout
     print(f"\n### {label}: {' '.join(cmd)}", file=out, flush=True)
     t0 = time.time()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -145,7 +146,7 @@ def warm_kernels(mpiexec, env, jobs, timeout):
 
 def files_by_marker(base_cmd, env):
     """``{test file: set of marker names of its tests}``, from :data:`MARKERS`
-    as the run of the tests marked ``alone`` wrote it while it collected every
+    as the plain run wrote it while it collected every
     file (``pytest_collection_modifyitems`` in tests/conftest.py), or else
     from one ``--collect-only`` pass; None when that fails too (each run then
     collects the whole directory, and shows the error)."""
@@ -187,7 +188,8 @@ def main():
     ap.add_argument("--no-plain", action="store_true", help="skip the non-MPI tests")
     ap.add_argument("--workers", default=os.environ.get("HPCCOMM_TEST_WORKERS", "auto"),
                     help="pytest-xdist processes for the non-MPI tests (default auto: one per "
-                         "core; 0: none); those marked 'alone' run after them, by themselves")
+                         "core; 0: none); those marked 'alone' run after them, with only the "
+                         "MPI runs at one rank beside them")
     ap.add_argument("--warm-jobs", type=int, default=len(os.sched_getaffinity(0)),
                     help="benchmark jobs that compile the kernels before the tests (default: "
                          "one per core; 0: none)")
@@ -210,8 +212,9 @@ def main():
     share_bytecode(env)
     shutil.rmtree(LOGDIR, ignore_errors=True)
     os.makedirs(os.path.dirname(MARKERS), exist_ok=True)
-    if os.path.exists(MARKERS):
-        os.remove(MARKERS)
+    for stale in [MARKERS, *glob.glob(MARKERS + ".*.part")]:   # a killed run's leftovers too
+        if os.path.exists(stale):
+            os.remove(stale)
     # no:logging: pytest's log capture attaches a handler to every non-propagating
     # logger (torch makes dozens) around each test phase, 6 % of an MPI run's time,
     # and no test reads captured logs
@@ -258,18 +261,32 @@ def main():
     if not args.no_plain:
         # the tests marked alone keep a core busy about half the time: the MPI
         # runs at one rank go beside them, their output shown when both end
-        side = ([functools.partial(mpi_run, 1)] if 1 in rank_counts["ranks"] else []) + \
-            ([functools.partial(cudasim_run, 1)] if 1 in rank_counts["cudasim_ranks"] else [])
-        side_out = io.StringIO()
-        with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
-            beside = [pool.submit(f, side_out) for f in side]
-            results.append(("alone",) + run("alone", pytest + paths_for(files, "alone") + opts
-                                            + ["-m", "not mpi and alone"], args.timeout, env))
-            side_results = [f.result() for f in beside]
-        sys.stdout.write(side_out.getvalue())
-        results.extend(side_results)
+        side = []
+        if 1 in rank_counts["ranks"]:
+            side.append(mpi_run)
+        if 1 in rank_counts["cudasim_ranks"]:
+            side.append(cudasim_run)
         rank_counts["ranks"] = [k for k in rank_counts["ranks"] if k != 1]
         rank_counts["cudasim_ranks"] = [k for k in rank_counts["cudasim_ranks"] if k != 1]
+        side_out = io.StringIO()
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+        try:
+            beside = [pool.submit(f, 1, side_out) for f in side]
+            paths = paths_for(files, "alone")
+            if paths:
+                results.append(("alone",) + run("alone", pytest + paths + opts
+                                                + ["-m", "not mpi and alone"], args.timeout, env))
+            if beside:
+                names = ", ".join(f"{f.__name__.split('_')[0]}-n1" for f in side)
+                print(f"\n### waiting for the runs beside it: {names}", flush=True)
+            results.extend(f.result() for f in beside)
+        except BaseException:       # Ctrl-C, or a run that could not start: nothing more
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+        finally:
+            sys.stdout.write(side_out.getvalue())
+            sys.stdout.flush()
+        pool.shutdown()
     for k in rank_counts["ranks"]:
         results.append(mpi_run(k))
     for k in rank_counts["cudasim_ranks"]:

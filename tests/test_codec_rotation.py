@@ -179,7 +179,7 @@ def test_aligned_pieces_encode_like_the_whole(name, params):
     bits of the whole -- the trailing piece keeps the whole's tail.  (Not
     for terngrad, whose scale spans the chunk: rotated, its ``segment_unit``
     is None; unrotated its pieces share the chunk's scale, tested in
-    ``test_memory_mpi``.)"""
+    ``test_pipelined_mpi``.)"""
     c = hpccomm.get_codec(name, rotate=True, **params)
     shape = (5000,)
     unit = c.segment_unit(shape)

@@ -155,6 +155,8 @@ def test_two_ranks_print_one_host_block():
     assert [line for line in lines if line.startswith("host ")] == [
         f"host {MPI.Get_processor_name()}: 2 ranks (0, 1)"]
     assert sum(line.startswith("hpccomm ") for line in lines) == 1     # rank 0 alone prints
+    assert [line.split() for line in lines if line.split()[:1] == ["ranks_on_node"]] == [
+        ["ranks_on_node", "2"]], proc.stdout
 
 
 def test_help_and_bad_arguments():
