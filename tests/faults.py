@@ -37,6 +37,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -319,10 +320,13 @@ class Job:
         return f"<job {state} after {self.seconds:.1f} s>\n{self.output[-6000:]}"
 
 
-def run_job(ranks: int, args, timeout: float, simulator: bool = False, env=None) -> Job:
+def run_job(ranks: int, args, timeout: float, simulator: bool = False, env=None,
+            until: str = None, grace: float = 0.0) -> Job:
     """``mpiexec -n ranks python tests/faults.py ARGS`` (under the CUDA
     simulator's harness with ``simulator``), killed with its whole process
-    group after ``timeout`` seconds."""
+    group after ``timeout`` seconds -- or, with ``until``, ``grace`` seconds
+    after that text first appears in its output (a job expected to hang from
+    there on: it counts as timed out when it is still running then)."""
     program = ([sys.executable, "tests/cudasim.py", "-m", "tests.faults"] if simulator
                else [sys.executable, "tests/faults.py"])
     full_env = dict(os.environ, **(env or {}))
@@ -332,11 +336,25 @@ def run_job(ranks: int, args, timeout: float, simulator: bool = False, env=None)
     proc = subprocess.Popen([MPIEXEC, "-n", str(ranks), *program, *map(str, args)], cwd=ROOT,
                             env=full_env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-        timed_out = False
-    except subprocess.TimeoutExpired:
+    lines, seen = [], threading.Event()
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if until is not None and until in line:
+                seen.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    deadline = t0 + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        if seen.is_set():
+            deadline = min(deadline, time.monotonic() + grace)
+            seen.clear()
+        time.sleep(0.05)
+    timed_out = proc.poll() is None
+    if timed_out:
         os.killpg(proc.pid, signal.SIGKILL)
-        out, _ = proc.communicate()
-        timed_out = True
-    return Job(proc.returncode, out, time.monotonic() - t0, timed_out)
+        proc.wait()
+    reader.join()
+    return Job(proc.returncode, "".join(lines), time.monotonic() - t0, timed_out)

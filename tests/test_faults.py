@@ -85,10 +85,12 @@ def test_an_error_on_the_progress_thread_ends_the_job(where):
 
 
 def test_on_error_raise_leaves_the_error_on_its_rank():
-    """``on_error="raise"``: rank 1 raises, alone; the job is stopped by the
-    test's limit, as it would hang (so the default's abort is what ends it)."""
-    job = run_job(3, ["error", "twoshot", "first", "corrupt", "--raise"], timeout=6)
-    assert job.timed_out, job
+    """``on_error="raise"``: rank 1 raises, alone; the job would hang (so the
+    default's abort is what ends it), and is stopped 2 s after rank 1 says it
+    raised -- an abort, which follows the error at once, would show by then."""
+    job = run_job(3, ["error", "twoshot", "first", "corrupt", "--raise"], timeout=LIMIT,
+                  until="rank 1: call 3 raised", grace=2)
+    assert job.timed_out and job.seconds < LIMIT, job
     assert "rank 1: call 3 raised PacketError" in job.output, job
     assert "MPI_Abort" not in job.output, job
 
@@ -108,13 +110,14 @@ def test_a_rank_killed_with_a_started_call_ends_the_job(when):
     assert job.seconds < LIMIT, job
 
 
-#: how long the stalled rank sleeps: far beyond any wait of a call, and short,
-#: since the waiting ranks poll both cores for all of it
-STALL = 5
+#: how long the stalled rank sleeps: far beyond any wait of a call (a few ms;
+#: hpccomm's waits have no time limit), and short, since the waiting ranks
+#: poll both cores for all of it
+STALL = 2
 
 
 def test_a_stalled_rank_finishes_late_with_the_same_results():
-    """Rank 1 sleeps 5 s before its second call while the others' progress
+    """Rank 1 sleeps 2 s before its second call while the others' progress
     threads wait inside it: every rank's run lasts the stall at least, no
     rank raises, and every result equals the same calls' without the stall,
     bit for bit, on every rank."""
