@@ -348,9 +348,8 @@ def run_job(ranks: int, args, timeout: float, simulator: bool = False, env=None,
     reader.start()
     deadline = t0 + timeout
     while proc.poll() is None and time.monotonic() < deadline:
-        if seen.is_set():
+        if seen.is_set():       # the first sighting's grace: min keeps it
             deadline = min(deadline, time.monotonic() + grace)
-            seen.clear()
         time.sleep(0.05)
     timed_out = proc.poll() is None
     if timed_out:

@@ -263,22 +263,22 @@ def main():
         # runs at one rank go beside them, their output shown when both end
         side = []
         if 1 in rank_counts["ranks"]:
-            side.append(mpi_run)
+            side.append(("mpi-n1", mpi_run))
         if 1 in rank_counts["cudasim_ranks"]:
-            side.append(cudasim_run)
+            side.append(("cudasim-n1", cudasim_run))
         rank_counts["ranks"] = [k for k in rank_counts["ranks"] if k != 1]
         rank_counts["cudasim_ranks"] = [k for k in rank_counts["cudasim_ranks"] if k != 1]
         side_out = io.StringIO()
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         try:
-            beside = [pool.submit(f, 1, side_out) for f in side]
+            beside = [pool.submit(f, 1, side_out) for _, f in side]
             paths = paths_for(files, "alone")
             if paths:
                 results.append(("alone",) + run("alone", pytest + paths + opts
                                                 + ["-m", "not mpi and alone"], args.timeout, env))
             if beside:
-                names = ", ".join(f"{f.__name__.split('_')[0]}-n1" for f in side)
-                print(f"\n### waiting for the runs beside it: {names}", flush=True)
+                print(f"\n### waiting for the runs beside it: "
+                      f"{', '.join(label for label, _ in side)}", flush=True)
             results.extend(f.result() for f in beside)
         except BaseException:       # Ctrl-C, or a run that could not start: nothing more
             pool.shutdown(wait=False, cancel_futures=True)
