@@ -7,9 +7,9 @@ binds kernels, exposes arrays and takes streams as a GPU does.
 
 With ``HPCCOMM_TEST_MARKERS=PATH`` (set by tests/run.py for its run of the
 tests that need no MPI, which collects every file, or for a ``--collect-only``
-pass), the names of the markers of each test file's tests, selected or not,
-are written to PATH as JSON, so that each MPI run collects only the files it
-needs."""
+pass), each test file's distinct sets of marker names (one per test, selected
+or not) are written to PATH as JSON, so that each MPI run collects only the
+files that hold a test its ``-m`` selects."""
 import json
 import os
 
@@ -45,8 +45,9 @@ def pytest_collection_modifyitems(session, items):
         return
     marks = {}
     for item in items:
-        marks.setdefault(item.location[0], set()).update(m.name for m in item.iter_markers())
+        marks.setdefault(item.location[0], set()).add(
+            tuple(sorted({m.name for m in item.iter_markers()})))
     part = f"{path}.{os.getpid()}.part"      # each xdist worker writes the same map
     with open(part, "w", encoding="utf-8") as f:
-        json.dump({name: sorted(names) for name, names in sorted(marks.items())}, f, indent=0)
+        json.dump({name: sorted(sets) for name, sets in sorted(marks.items())}, f, indent=0)
     os.replace(part, path)

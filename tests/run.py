@@ -9,10 +9,10 @@ tests marked ``wide``, the sparse algorithms and pipelined ``twoshot`` (the
 latter at 4 only), at 4, 6 and 8 ranks too; the tests marked ``cudasim`` at 1
 and 3 ranks under numba's CUDA simulator, and those also marked ``wide`` at
 5), then the tests marked ``slow`` (messages beyond 2 GiB) once, at 2 ranks.
-Each rank of an MPI run collects only the test files that hold tests with
-its run's markers (recorded by the plain run, which collects every file, or
-by a ``--collect-only`` pass without it): collecting every file took ~7 s
-per rank, and the runs start about 40 ranks in all.
+Each rank of an MPI run collects only the test files that hold a test its
+run selects (each test's markers recorded by the plain run, which collects
+every file, or by a ``--collect-only`` pass without it): collecting every
+file took ~7 s per rank, and the runs start about 40 ranks in all.
 
     python tests/run.py [--ranks 1,2,3,5] [--wide-ranks 4,6,8] [--slow-ranks 2]
                         [--workers auto] [--warm-jobs CORES] [--timeout 900] [-- pytest args]
@@ -36,7 +36,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LOGDIR = os.path.join(ROOT, "build", "test-logs")
-#: the marker names of each test file's tests (:func:`files_by_marker`)
+#: each test file's distinct sets of marker names, one per test (:func:`files_by_marker`)
 MARKERS = os.path.join(ROOT, "build", "test-markers.json")
 SUMMARY = re.compile(r"^=*\s*(\d+ (?:passed|failed|skipped|errors?|deselected|xfailed|xpassed).*?) in [\d.]+s")
 COUNT = re.compile(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed|deselected)")
@@ -145,11 +145,12 @@ def warm_kernels(mpiexec, env, jobs, timeout):
 
 
 def files_by_marker(base_cmd, env):
-    """``{test file: set of marker names of its tests}``, from :data:`MARKERS`
-    as the plain run wrote it while it collected every
-    file (``pytest_collection_modifyitems`` in tests/conftest.py), or else
-    from one ``--collect-only`` pass; None when that fails too (each run then
-    collects the whole directory, and shows the error)."""
+    """``{test file: [set of marker names of a test, ...]}`` (each distinct
+    set once), from :data:`MARKERS` as the plain run wrote it while it
+    collected every file (``pytest_collection_modifyitems`` in
+    tests/conftest.py), or else from one ``--collect-only`` pass; None when
+    that fails too (each run then collects the whole directory, and shows the
+    error)."""
     if not os.path.exists(MARKERS):
         proc = subprocess.run(base_cmd + ["--collect-only"], cwd=ROOT, stdout=subprocess.DEVNULL,
                               stderr=subprocess.DEVNULL,
@@ -158,16 +159,24 @@ def files_by_marker(base_cmd, env):
             print("### collect-only failed: every run collects all of tests/", flush=True)
             return None
     with open(MARKERS, encoding="utf-8") as f:
-        return {name: set(marks) for name, marks in json.load(f).items()}
+        return {name: [set(marks) for marks in sets] for name, sets in json.load(f).items()}
 
 
-def paths_for(files, *markers):
-    """The test files whose tests carry, between them, every one of
-    ``markers`` -- a superset of what the run's ``-m`` expression selects,
-    which still decides -- or ``["tests"]`` without the collect-only pass."""
+def selection(required, excluded=()):
+    """The ``-m`` expression of the tests that carry every marker of
+    ``required`` and none of ``excluded``."""
+    return " and ".join([*required, *(f"not {m}" for m in excluded)])
+
+
+def paths_for(files, required, excluded=()):
+    """The test files that hold a test :func:`selection` selects -- or
+    ``["tests"]`` without the marker map.  A file none of whose tests run is
+    not collected: its imports (torch, mnist1d) cost each rank seconds."""
     if files is None:
         return ["tests"]
-    return sorted(name for name, marks in files.items() if all(m in marks for m in markers))
+    required, excluded = set(required), set(excluded)
+    return sorted(name for name, sets in files.items()
+                  if any(required <= marks and not marks & excluded for marks in sets))
 
 
 def main():
@@ -228,35 +237,36 @@ def main():
         warm_kernels(mpiexec, env, args.warm_jobs, args.timeout)
     if not args.no_plain:
         workers = [] if args.workers in ("0", "") else ["-n", args.workers, "--dist", "worksteal"]
-        results.append(("plain",) + run("plain", base + ["-m", "not mpi and not alone", *workers],
-                                        args.timeout, {**env, "HPCCOMM_TEST_MARKERS": MARKERS}))
+        plain = ["-m", selection([], ["mpi", "alone"]), *workers]
+        results.append(("plain",) + run("plain", base + plain, args.timeout,
+                                        {**env, "HPCCOMM_TEST_MARKERS": MARKERS}))
     rank_counts = {name: [int(v) for v in getattr(args, name).split(",") if v.strip()]
                    for name in ("ranks", "cudasim_ranks", "wide_ranks", "slow_ranks")}
     files = (files_by_marker(base, env) if any(rank_counts.values()) or not args.no_plain
              else None)
 
-    def ranked(label, k, env, markers, expr, out=None):
-        """Run ``-m expr`` under mpiexec -n k, each rank's pytest on the files
-        of ``markers`` (none: nothing to run)."""
-        paths = paths_for(files, *markers)
+    def ranked(label, k, env, required, excluded=(), out=None):
+        """Run the tests of ``selection(required, excluded)`` under mpiexec
+        -n k, each rank's pytest on the files that hold them (none: nothing
+        to run)."""
+        expr = selection(required, excluded)
+        paths = paths_for(files, required, excluded)
         if not paths:
-            print(f"\n### {label}: no test file has {' and '.join(markers)} tests",
-                  file=out or sys.stdout, flush=True)
+            print(f"\n### {label}: no test file has {expr} tests", file=out or sys.stdout,
+                  flush=True)
             return label, 0, {}
         cmd = [mpiexec, "-n", str(k), sys.executable, os.path.join(ROOT, "tests", "rankexec.py"),
                *pytest, *paths, *opts, "-m", expr, "--with-mpi"]
         return (label,) + run(label, cmd, args.timeout, env, out)
 
     def mpi_run(k, out=None):
-        narrow = " and not narrow" if k > NARROW else ""
-        return ranked(f"mpi-n{k}", k, env, ["mpi"], f"mpi and not slow and not cudasim{narrow}",
-                      out)
+        narrow = ["narrow"] if k > NARROW else []
+        return ranked(f"mpi-n{k}", k, env, ["mpi"], ["slow", "cudasim", *narrow], out)
 
     def cudasim_run(k, out=None):
-        wide = " and wide" if k > 4 else ""      # beyond 4 ranks only what needs them
+        wide = ["wide"] if k > 4 else []      # beyond 4 ranks only what needs them
         return ranked(f"cudasim-n{k}", k, {**env, "NUMBA_ENABLE_CUDASIM": "1"},
-                      ["mpi", "cudasim"] + (["wide"] if wide else []),
-                      f"mpi and cudasim{wide} and not slow", out)
+                      ["mpi", "cudasim", *wide], ["slow"], out)
 
     if not args.no_plain:
         # the tests marked alone keep a core busy about half the time: the MPI
@@ -272,10 +282,11 @@ def main():
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         try:
             beside = [pool.submit(f, 1, side_out) for _, f in side]
-            paths = paths_for(files, "alone")
+            paths = paths_for(files, ["alone"], ["mpi"])
             if paths:
                 results.append(("alone",) + run("alone", pytest + paths + opts
-                                                + ["-m", "not mpi and alone"], args.timeout, env))
+                                                + ["-m", selection(["alone"], ["mpi"])],
+                                                args.timeout, env))
             if beside:
                 print(f"\n### waiting for the runs beside it: "
                       f"{', '.join(label for label, _ in side)}", flush=True)
@@ -292,9 +303,9 @@ def main():
     for k in rank_counts["cudasim_ranks"]:
         results.append(cudasim_run(k))
     for k in rank_counts["wide_ranks"]:
-        results.append(ranked(f"wide-n{k}", k, env, ["mpi", "wide"], "mpi and wide and not slow"))
+        results.append(ranked(f"wide-n{k}", k, env, ["mpi", "wide"], ["slow"]))
     for k in rank_counts["slow_ranks"]:
-        results.append(ranked(f"slow-n{k}", k, env, ["mpi", "slow"], "mpi and slow"))
+        results.append(ranked(f"slow-n{k}", k, env, ["mpi", "slow"]))
     print("\n### summary")
     failed_runs = []
     for label, rc, counts in results:

@@ -6,8 +6,9 @@ import pytest
 
 from .helpers import COMM, SIZE
 
-# the harness's plumbing at 1-3 ranks (what it trains through is tested further)
-pytestmark = [pytest.mark.mpi,
+# the harness's plumbing at 1-3 ranks (what it trains through is tested further);
+# narrow: tests/run.py's runs at more ranks do not import this file (torch, mnist1d)
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow,
               pytest.mark.skipif(SIZE > 3, reason="the harness is checked at 1-3 ranks")]
 torch = pytest.importorskip("torch")
 pytest.importorskip("mnist1d")
