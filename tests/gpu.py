@@ -7,10 +7,38 @@ tiny sizes, on host memory presented as device memory).  Elsewhere they skip.
     KINDS     the device buffer kinds to test: "cupy", "torch" (CUDA) on a
               GPU where they work; "sim" on the simulator
 """
+import ctypes
+import os
+import sys
+
 import numpy as np
+
+#: where numba.cuda looks for the driver on Linux, besides ``NUMBA_CUDA_DRIVER``
+#: (``locate_driver_and_loader`` of numba-cuda 0.30)
+LINUX_DRIVERS = tuple(os.path.join(d, name) for d in ("", "/usr/lib", "/usr/lib64")
+                      for name in ("libcuda.so", "libcuda.so.1"))
+
+
+def _no_driver() -> bool:
+    """True where no CUDA driver can load (Linux, none of the libraries
+    numba.cuda would try opens): the tests skip without importing numba.cuda,
+    which takes 1.2-1.7 s of each process that collects them (every rank of
+    every MPI run of the suite)."""
+    if (not sys.platform.startswith("linux") or os.environ.get("NUMBA_CUDA_DRIVER")
+            or os.environ.get("HPCCOMM_GPU_CHECK")):     # ./dev.sh gpu: numba itself decides
+        return False
+    for name in LINUX_DRIVERS:
+        try:
+            ctypes.CDLL(name)
+            return False
+        except OSError:
+            continue
+    return True
 
 
 def _mode():
+    if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0") and _no_driver():
+        return "", "no CUDA driver (libcuda) on this machine"
     try:
         from numba import config, cuda
     except ImportError as exc:

@@ -157,6 +157,7 @@ def main(argv=None) -> int:
         env["PYTHONWARNINGS"] = "ignore::RuntimeWarning"   # the simulator's uint64 hash wraps
     else:
         env.pop("NUMBA_ENABLE_CUDASIM", None)
+        env["HPCCOMM_GPU_CHECK"] = "1"      # tests/gpu.py: numba.cuda looks for the GPU
     t_start = time.perf_counter()
     deadline = t_start + args.budget
     results = []
