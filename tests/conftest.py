@@ -45,7 +45,8 @@ def pytest_collection_modifyitems(session, items):
         return
     marks = {}
     for item in items:
-        marks.setdefault(item.location[0], set()).add(
+        # the file that collected the test (location[0] is where it is defined)
+        marks.setdefault(item.nodeid.split("::", 1)[0], set()).add(
             tuple(sorted({m.name for m in item.iter_markers()})))
     part = f"{path}.{os.getpid()}.part"      # each xdist worker writes the same map
     with open(part, "w", encoding="utf-8") as f:

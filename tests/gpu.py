@@ -13,8 +13,8 @@ import sys
 
 import numpy as np
 
-#: where numba.cuda looks for the driver on Linux, besides ``NUMBA_CUDA_DRIVER``
-#: (``locate_driver_and_loader`` of numba-cuda 0.30)
+#: where numba.cuda looks for the driver on Linux (``locate_driver_and_loader``
+#: of numba-cuda; tests/test_runner.py checks the list against it)
 LINUX_DRIVERS = tuple(os.path.join(d, name) for d in ("", "/usr/lib", "/usr/lib64")
                       for name in ("libcuda.so", "libcuda.so.1"))
 
@@ -24,8 +24,10 @@ def _no_driver() -> bool:
     numba.cuda would try opens): the tests skip without importing numba.cuda,
     which takes 1.2-1.7 s of each process that collects them (every rank of
     every MPI run of the suite)."""
+    # a driver named to numba (numba's own numba.cuda honours NUMBA_CUDA_DRIVER;
+    # numba-cuda ignores it), or ./dev.sh gpu: numba.cuda itself decides
     if (not sys.platform.startswith("linux") or os.environ.get("NUMBA_CUDA_DRIVER")
-            or os.environ.get("HPCCOMM_GPU_CHECK")):     # ./dev.sh gpu: numba itself decides
+            or os.environ.get("HPCCOMM_GPU_CHECK")):
         return False
     for name in LINUX_DRIVERS:
         try:
@@ -36,9 +38,18 @@ def _no_driver() -> bool:
     return True
 
 
-def _mode():
+def _skip_before_numba():
+    """Why the tests skip, known before numba.cuda is imported (None: ask it).
+    The simulator needs no driver."""
     if os.environ.get("NUMBA_ENABLE_CUDASIM", "0") in ("", "0") and _no_driver():
-        return "", "no CUDA driver (libcuda) on this machine"
+        return "no CUDA driver (libcuda) on this machine"
+    return None
+
+
+def _mode():
+    reason = _skip_before_numba()
+    if reason:
+        return "", reason
     try:
         from numba import config, cuda
     except ImportError as exc:

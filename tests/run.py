@@ -159,7 +159,35 @@ def files_by_marker(base_cmd, env):
             print("### collect-only failed: every run collects all of tests/", flush=True)
             return None
     with open(MARKERS, encoding="utf-8") as f:
-        return {name: [set(marks) for marks in sets] for name, sets in json.load(f).items()}
+        data = json.load(f)
+    if not (isinstance(data, dict) and all(
+            isinstance(sets, list) and all(isinstance(marks, list)
+                                           and all(isinstance(m, str) for m in marks)
+                                           for marks in sets)
+            for sets in data.values())):
+        print(f"### {MARKERS}: not a map of marker sets: every run collects all of tests/",
+              flush=True)
+        return None
+    return {name: [set(marks) for marks in sets] for name, sets in data.items()}
+
+
+def run_markers(kind, k=1):
+    """``(required, excluded)``: the markers that the tests of run ``kind``
+    (``plain``, ``alone``, ``mpi``, ``cudasim``, ``wide``, ``slow``) at ``k``
+    ranks carry, and those they do not."""
+    if kind == "plain":
+        return [], ["mpi", "alone"]
+    if kind == "alone":
+        return ["alone"], ["mpi"]
+    if kind == "mpi":
+        return ["mpi"], ["slow", "cudasim", *(["narrow"] if k > NARROW else [])]
+    if kind == "cudasim":      # beyond 4 ranks only what needs them
+        return ["mpi", "cudasim", *(["wide"] if k > 4 else [])], ["slow"]
+    if kind == "wide":
+        return ["mpi", "wide"], ["slow"]
+    if kind == "slow":
+        return ["mpi", "slow"], []
+    raise ValueError(f"no run {kind!r}")
 
 
 def selection(required, excluded=()):
@@ -237,7 +265,7 @@ def main():
         warm_kernels(mpiexec, env, args.warm_jobs, args.timeout)
     if not args.no_plain:
         workers = [] if args.workers in ("0", "") else ["-n", args.workers, "--dist", "worksteal"]
-        plain = ["-m", selection([], ["mpi", "alone"]), *workers]
+        plain = ["-m", selection(*run_markers("plain")), *workers]
         results.append(("plain",) + run("plain", base + plain, args.timeout,
                                         {**env, "HPCCOMM_TEST_MARKERS": MARKERS}))
     rank_counts = {name: [int(v) for v in getattr(args, name).split(",") if v.strip()]
@@ -245,10 +273,11 @@ def main():
     files = (files_by_marker(base, env) if any(rank_counts.values()) or not args.no_plain
              else None)
 
-    def ranked(label, k, env, required, excluded=(), out=None):
-        """Run the tests of ``selection(required, excluded)`` under mpiexec
+    def ranked(label, kind, k, env, out=None):
+        """Run the tests of run ``kind`` (:func:`run_markers`) under mpiexec
         -n k, each rank's pytest on the files that hold them (none: nothing
         to run)."""
+        required, excluded = run_markers(kind, k)
         expr = selection(required, excluded)
         paths = paths_for(files, required, excluded)
         if not paths:
@@ -260,13 +289,10 @@ def main():
         return (label,) + run(label, cmd, args.timeout, env, out)
 
     def mpi_run(k, out=None):
-        narrow = ["narrow"] if k > NARROW else []
-        return ranked(f"mpi-n{k}", k, env, ["mpi"], ["slow", "cudasim", *narrow], out)
+        return ranked(f"mpi-n{k}", "mpi", k, env, out)
 
     def cudasim_run(k, out=None):
-        wide = ["wide"] if k > 4 else []      # beyond 4 ranks only what needs them
-        return ranked(f"cudasim-n{k}", k, {**env, "NUMBA_ENABLE_CUDASIM": "1"},
-                      ["mpi", "cudasim", *wide], ["slow"], out)
+        return ranked(f"cudasim-n{k}", "cudasim", k, {**env, "NUMBA_ENABLE_CUDASIM": "1"}, out)
 
     if not args.no_plain:
         # the tests marked alone keep a core busy about half the time: the MPI
@@ -282,10 +308,10 @@ def main():
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         try:
             beside = [pool.submit(f, 1, side_out) for _, f in side]
-            paths = paths_for(files, ["alone"], ["mpi"])
+            paths = paths_for(files, *run_markers("alone"))
             if paths:
                 results.append(("alone",) + run("alone", pytest + paths + opts
-                                                + ["-m", selection(["alone"], ["mpi"])],
+                                                + ["-m", selection(*run_markers("alone"))],
                                                 args.timeout, env))
             if beside:
                 print(f"\n### waiting for the runs beside it: "
@@ -303,9 +329,9 @@ def main():
     for k in rank_counts["cudasim_ranks"]:
         results.append(cudasim_run(k))
     for k in rank_counts["wide_ranks"]:
-        results.append(ranked(f"wide-n{k}", k, env, ["mpi", "wide"], ["slow"]))
+        results.append(ranked(f"wide-n{k}", "wide", k, env))
     for k in rank_counts["slow_ranks"]:
-        results.append(ranked(f"slow-n{k}", k, env, ["mpi", "slow"]))
+        results.append(ranked(f"slow-n{k}", "slow", k, env))
     print("\n### summary")
     failed_runs = []
     for label, rc, counts in results:
