@@ -273,13 +273,16 @@ def main():
     files = (files_by_marker(base, env) if any(rank_counts.values()) or not args.no_plain
              else None)
 
-    def ranked(label, kind, k, env, out=None):
-        """Run the tests of run ``kind`` (:func:`run_markers`) under mpiexec
-        -n k, each rank's pytest on the files that hold them (none: nothing
-        to run)."""
+    def chosen(kind, k=1):
+        """``(-m expression, files that hold its tests)`` of run ``kind`` at
+        ``k`` ranks (:func:`run_markers`)."""
         required, excluded = run_markers(kind, k)
-        expr = selection(required, excluded)
-        paths = paths_for(files, required, excluded)
+        return selection(required, excluded), paths_for(files, required, excluded)
+
+    def ranked(label, kind, k, env, out=None):
+        """Run the tests of run ``kind`` under mpiexec -n k, each rank's
+        pytest on the files that hold them (none: nothing to run)."""
+        expr, paths = chosen(kind, k)
         if not paths:
             print(f"\n### {label}: no test file has {expr} tests", file=out or sys.stdout,
                   flush=True)
@@ -308,10 +311,9 @@ def main():
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
         try:
             beside = [pool.submit(f, 1, side_out) for _, f in side]
-            paths = paths_for(files, *run_markers("alone"))
+            expr, paths = chosen("alone")
             if paths:
-                results.append(("alone",) + run("alone", pytest + paths + opts
-                                                + ["-m", selection(*run_markers("alone"))],
+                results.append(("alone",) + run("alone", pytest + paths + opts + ["-m", expr],
                                                 args.timeout, env))
             if beside:
                 print(f"\n### waiting for the runs beside it: "
