@@ -66,6 +66,68 @@ def test_allreduce_json_schema(tmp_path, ranks):
         assert floor_seconds(big, 1e9) >= big["wire_bytes"] * 8e-9
 
 
+def test_interleaved_order_times_the_same_calls_side_by_side(tmp_path):
+    """--order interleaved: the same calls as blocks (every row's last timed
+    result and fresh result have the same bits), but each size's cases run
+    side by side -- every case's timed iterations overlap every other's in
+    time, where blocks run them one after the other."""
+    spans, hashes = {}, {}
+    for order in ("blocks", "interleaved"):
+        out = tmp_path / f"{order}.json"
+        proc = bench(3, "allreduce", "-m", "4K:16K", "-i", "3", "-x", "1", "--codec", "onebit",
+                     "--algorithm", "twoshot,allgather", "--order", order, "-J", str(out))
+        assert proc.returncode == 0, proc.stderr
+        data = json.loads(out.read_text())
+        assert data["meta"]["order"] == order
+        rows = data["rows"]
+        assert [r["size"] for r in rows] == [4096] * 4 + [16384] * 4
+        hashes[order] = [(r["result_hash"], r["fresh_hash"]) for r in rows]
+        spans[order] = [[r["span"] for r in rows if r["size"] == size] for size in (4096, 16384)]
+    assert hashes["blocks"] == hashes["interleaved"]
+    for size in spans["blocks"]:          # one case after another
+        assert all(a[1] <= b[0] for a, b in zip(size, size[1:])), size
+    for size in spans["interleaved"]:     # every pair overlaps
+        assert max(s[0] for s in size) < min(s[1] for s in size), size
+
+
+@pytest.mark.parametrize("order", ["blocks", "interleaved"])
+def test_timed_rows_order(order):
+    """timed_rows' schedule, with cases that log their calls: blocks builds,
+    warms and times each case before the next is built; interleaved builds
+    and warms every case, then each round times every case once, starting
+    one case later than the round before."""
+    from hpccomm.bench.allreduce import timed_rows
+
+    log = []
+
+    class Logged:
+        def __init__(self, name):
+            self.name, self.span = name, [None, None]
+            log.append(("build", name))
+
+        def warm(self, warmup):
+            log.append(("warm", self.name, warmup))
+
+        def step(self):
+            log.append(("step", self.name))
+
+        def row(self):
+            log.append(("row", self.name))
+            return {"case": self.name}
+
+    makers = [lambda n=n: Logged(n) for n in "abc"]
+    rows = list(timed_rows(makers, 4, 2, order))
+    assert [r["case"] for r in rows] == ["a", "b", "c"]
+    if order == "blocks":
+        assert log == [e for n in "abc" for e in
+                       [("build", n), ("warm", n, 2), *[("step", n)] * 4, ("row", n)]]
+    else:
+        steps = [n for kind, n, *_ in log if kind == "step"]
+        assert log[:6] == [("build", n) for n in "abc"] + [("warm", n, 2) for n in "abc"]
+        assert steps == list("abc" "bca" "cab" "abc")
+        assert log[-3:] == [("row", n) for n in "abc"]
+
+
 @pytest.mark.parametrize("how", ["env", "launcher"])
 def test_bound_ranks_count_the_node_cores(tmp_path, how):
     """HPCCOMM_BENCH_BIND=core pins rank r to the (r mod count)-th CPU it may

@@ -15,7 +15,13 @@ a codec or an algorithm is left with no pair at all.
 
 Timing: each iteration is ``Barrier; t0; reduce; t1`` on every rank; the time
 of an iteration is the slowest rank's (MAX over ranks), and the table reports
-the median, min and max of those over the timed iterations.  Bandwidths follow
+the median, min and max of those over the timed iterations.  By default
+(``--order blocks``) each case runs its warm-up and timed iterations before
+the next case starts; ``--order interleaved`` warms every case up first and
+then times one iteration of each case in turn, so that a slow spell of a
+shared machine (seconds long on a cloud VM) falls on every case alike and
+the speedups stay put.  Each row's ``span`` says when its timed iterations
+ran (seconds from the sweep's start, rank 0's clock).  Bandwidths follow
 nccl-tests: ``algbw = size / time``, ``busbw = algbw * 2 (P-1)/P``.  For
 compressed cases ``algbw`` counts the uncompressed size (the *effective*
 bandwidth a user sees); ``wire`` is the bytes this rank sent per call
@@ -51,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -75,6 +82,10 @@ def default_iterations(nbytes: int) -> int:
     if nbytes <= 16 << 20:
         return 10
     return 5
+
+
+#: ``--order``: how one size's cases share the timed iterations (:func:`timed_rows`)
+ORDERS = ("blocks", "interleaved")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -127,6 +138,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "reassociation where MPI sums floats) and its first result against the "
                         "codec's statistical band (column 'ref'); the exit status is 1 if any "
                         "check failed")
+    p.add_argument("--order", choices=ORDERS, default="blocks",
+                   help="blocks (default): each case's warm-up and timed iterations, case "
+                        "after case; interleaved: every case warmed up, then each timed "
+                        "iteration runs every case once (rotating which goes first), so that "
+                        "a slow spell of a shared machine falls on all cases alike and their "
+                        "ratios to MPI_Allreduce hold (all cases' buffers and state are held "
+                        "at once)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.add_argument("--calibrate", default=None, metavar="FILE",
                    help="measure auto's profile in this launch first (as 'bench calibrate'), "
@@ -167,54 +185,94 @@ def _errors(res, exact):
     return rel, max_err
 
 
-def run_raw(comm, x, exact, iters, warmup):
+class Timed:
+    """One case at one size, timed one iteration at a time so that cases can
+    be run in blocks or interleaved (``--order``): :meth:`warm` makes the
+    untimed calls, each :meth:`step` one timed iteration (``Barrier; t0;
+    call; t1`` on every rank), and :meth:`row` the result once all are done.
+    ``call`` is the timed call, which a subclass sets: a closure of no
+    arguments in every case, so that each pays the same one Python call
+    around what it times.  ``span`` is when the timed iterations ran on this
+    rank: the first one's start and the last one's end
+    (``time.perf_counter`` seconds)."""
+
+    call = None
+
+    def __init__(self, comm, x, iters):
+        self.comm, self.x, self.out = comm, x, empty_like(x)
+        self.times = np.empty(iters)
+        self.span = [None, None]
+        self.it = 0
+
+    def warm(self, warmup: int) -> None:
+        for _ in range(warmup):
+            self.call()
+
+    def step(self) -> None:
+        self.comm.Barrier()
+        t0 = time.perf_counter()
+        self.call()
+        device_sync(self.out)
+        t1 = time.perf_counter()
+        self.times[self.it] = t1 - t0
+        if self.span[0] is None:
+            self.span[0] = t0
+        self.span[1] = t1
+        self.after(self.it)
+        self.it += 1
+
+    def after(self, it: int) -> None:
+        """Per-iteration bookkeeping outside the timed region."""
+
+
+class RawCase(Timed):
     """The baseline: ``comm.Allreduce(x, out, MPI.SUM)`` called directly.
     Device buffers go to MPI as they are where it is CUDA-aware; otherwise
     they are staged through pinned host buffers, as a user of a host-only MPI
     must (flat copies of the whole buffer, whatever its shape)."""
-    from mpi4py import MPI
 
-    from ..buffers import mpi_cuda_support
+    def __init__(self, comm, x, exact, iters):
+        from mpi4py import MPI
 
-    out = empty_like(x)
-    if on_device(x) and not mpi_cuda_support():
-        host_in, to_host, from_host = host_staging(x)
-        host_out = host_staging(x)[0]
+        from ..buffers import mpi_cuda_support
 
-        def allreduce():
-            to_host(x, host_in)
-            comm.Allreduce(host_in, host_out, op=MPI.SUM)
-            from_host(host_out, out)
-    else:
-        def allreduce():
-            comm.Allreduce(x, out, op=MPI.SUM)
-    for _ in range(warmup):
-        allreduce()
-    times = np.empty(iters)
-    for it in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        allreduce()
-        device_sync(out)
-        times[it] = time.perf_counter() - t0
-    slowest = slowest_rank(comm, times)
-    rel, max_err = _errors(to_numpy(out), exact)
-    p = comm.Get_size()
-    digest = result_hash(out)
-    return {
-        "codec": "-", "algorithm": "MPI_Allreduce", "codec_name": "-",
-        "algorithm_name": "MPI_Allreduce",
-        "time_median": float(np.median(slowest)), "time_min": float(np.min(slowest)),
-        "time_max": float(np.max(slowest)), "iterations": iters,
-        "t_encode": 0.0, "t_comm": float(np.median(slowest)), "t_decode": 0.0,
-        "wire_bytes": 2 * (p - 1) * 4 * exact.size // p if p > 1 else 0, "wire_modelled": True,
-        "segments": 1, "nodes": None, "ranks_per_node": None, "staged": None, "staged_bytes": 0,
-        "rel_err": rel, "max_err": max_err, "error_feedback": False,
-        "wrong": None, "check_failures": [], "check_tolerance": None,
-        "reference_ok": None, "reference_failures": [], "reference": None, "band": None,
-        "gain": None,
-        "result_hash": digest, "fresh_hash": digest,
-    }
+        super().__init__(comm, x, iters)
+        self.exact = exact
+        out = self.out
+        if on_device(x) and not mpi_cuda_support():
+            host_in, to_host, from_host = host_staging(x)
+            host_out = host_staging(x)[0]
+
+            def allreduce():
+                to_host(x, host_in)
+                comm.Allreduce(host_in, host_out, op=MPI.SUM)
+                from_host(host_out, out)
+        else:
+            def allreduce():
+                comm.Allreduce(x, out, op=MPI.SUM)
+        self.call = allreduce
+
+    def row(self) -> dict:
+        slowest = slowest_rank(self.comm, self.times)
+        rel, max_err = _errors(to_numpy(self.out), self.exact)
+        p = self.comm.Get_size()
+        digest = result_hash(self.out)
+        return {
+            "codec": "-", "algorithm": "MPI_Allreduce", "codec_name": "-",
+            "algorithm_name": "MPI_Allreduce",
+            "time_median": float(np.median(slowest)), "time_min": float(np.min(slowest)),
+            "time_max": float(np.max(slowest)), "iterations": len(self.times),
+            "t_encode": 0.0, "t_comm": float(np.median(slowest)), "t_decode": 0.0,
+            "wire_bytes": 2 * (p - 1) * 4 * self.exact.size // p if p > 1 else 0,
+            "wire_modelled": True,
+            "segments": 1, "nodes": None, "ranks_per_node": None, "staged": None,
+            "staged_bytes": 0,
+            "rel_err": rel, "max_err": max_err, "error_feedback": False,
+            "wrong": None, "check_failures": [], "check_tolerance": None,
+            "reference_ok": None, "reference_failures": [], "reference": None, "band": None,
+            "gain": None,
+            "result_hash": digest, "fresh_hash": digest,
+        }
 
 
 def result_hash(res) -> str:
@@ -312,75 +370,122 @@ def check_reference(comm, reducer, x, exact: np.ndarray, key: str = "accuracy", 
     return failures, info, results[0]
 
 
-def run_case(comm, codec, algorithm, x, exact, iters, warmup, options, ef, seed, check=False):
-    """Time one (codec, algorithm) at one size.  Returns a result dict."""
-    import hpccomm
-    from mpi4py import MPI
+class CodecCase(Timed):
+    """One (codec, algorithm) through an :class:`~hpccomm.Allreducer` called
+    with a key and ``out=`` (its statistics reset after the warm-up); with
+    ``check``, every timed iteration is validated outside the timed region
+    and a fresh reducer against the reference (:func:`check_reference`)."""
 
-    reducer = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
-                                 check="first", seed=seed, **options)
-    out = empty_like(x)
-    key = "bench"
-    for _ in range(warmup):
-        reducer(x, key, out=out)
-    reducer.stats.reset()
-    times = np.empty(iters)
-    phases = np.empty((iters, 3))
-    sent = np.empty(iters)
-    wrong, failures = 0, set()
-    tolerance = reducer.codec.check_tolerance(comm.Get_size(), reducer.memory.enabled)
-    for it in range(iters):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        reducer(x, key, out=out)
-        device_sync(out)
-        times[it] = time.perf_counter() - t0
+    KEY = "bench"
+
+    def __init__(self, comm, codec, algorithm, x, exact, iters, options, ef, seed,
+                 check=False):
+        import hpccomm
+
+        super().__init__(comm, x, iters)
+        self.args = dict(codec=codec, algorithm=algorithm, error_feedback=ef, check="first",
+                         seed=seed, **options)
+        reducer = self.reducer = hpccomm.Allreducer(comm, **self.args)
+        key, out = self.KEY, self.out
+
+        def reduce():
+            reducer(x, key, out=out)
+        self.call = reduce
+        self.exact, self.check = exact, check
+        self.phases = np.empty((iters, 3))
+        self.sent = np.empty(iters)
+        self.wrong, self.failures = 0, set()
+        self.tolerance = self.reducer.codec.check_tolerance(comm.Get_size(),
+                                                            self.reducer.memory.enabled)
+
+    def warm(self, warmup: int) -> None:
+        super().warm(warmup)
+        self.reducer.stats.reset()
+
+    def after(self, it: int) -> None:
+        last = self.reducer.stats.last
+        self.phases[it] = (last.t_encode, last.t_comm, last.t_decode)
+        self.sent[it] = last.bytes_sent
+        if self.check:
+            failed = check_result(self.comm, to_numpy(self.out), self.exact, self.tolerance)
+            self.wrong += bool(failed)
+            self.failures.update(failed)
+
+    def row(self) -> dict:
+        import hpccomm
+        from mpi4py import MPI
+
+        comm, reducer, exact = self.comm, self.reducer, self.exact
+        slowest = slowest_rank(comm, self.times)
+        local = np.array([*np.median(self.phases, axis=0), np.max(self.sent)], dtype=np.float64)
+        worst = np.empty_like(local)
+        comm.Allreduce(local, worst, op=MPI.MAX)
+        # accuracy: a fresh call (no residual), compared with the exact float64 sum
+        fresh = hpccomm.Allreducer(comm, **self.args)
+        last_hash = result_hash(self.out)
+        ref_failures, ref_info = [], {"reference": None, "band": None, "gain": None}
+        if self.check:
+            ref_failures, ref_info, fresh_out = check_reference(comm, fresh, self.x, exact)
+        else:
+            fresh_out = fresh(self.x, "accuracy")
+        rel, max_err = _errors(to_numpy(fresh_out), exact)
         last = reducer.stats.last
-        phases[it] = (last.t_encode, last.t_comm, last.t_decode)
-        sent[it] = last.bytes_sent
-        if check:  # outside the timed region
-            failed = check_result(comm, to_numpy(out), exact, tolerance)
-            wrong += bool(failed)
-            failures.update(failed)
-    slowest = slowest_rank(comm, times)
-    local = np.array([*np.median(phases, axis=0), np.max(sent)], dtype=np.float64)
-    worst = np.empty_like(local)
-    comm.Allreduce(local, worst, op=MPI.MAX)
-    # accuracy: a fresh call (no residual), compared with the exact float64 sum
-    fresh = hpccomm.Allreducer(comm, codec=codec, algorithm=algorithm, error_feedback=ef,
-                               check="first", seed=seed, **options)
-    last_hash = result_hash(out)
-    ref_failures, ref_info = [], {"reference": None, "band": None, "gain": None}
-    if check:
-        ref_failures, ref_info, fresh_out = check_reference(comm, fresh, x, exact)
-    else:
-        fresh_out = fresh(x, "accuracy")
-    rel, max_err = _errors(to_numpy(fresh_out), exact)
-    return {
-        "codec": reducer.codec.describe(), "algorithm": reducer.algorithm.describe(),
-        "codec_name": reducer.codec.name, "algorithm_name": reducer.algorithm.name,
-        "time_median": float(np.median(slowest)), "time_min": float(np.min(slowest)),
-        "time_max": float(np.max(slowest)), "iterations": iters,
-        "t_encode": float(worst[0]), "t_comm": float(worst[1]), "t_decode": float(worst[2]),
-        "wire_bytes": int(worst[3]), "wire_modelled": bool(reducer.stats.last.modelled),
-        "segments": int(reducer.stats.last.extra.get("segments", 1)),
-        # hierarchical: the nodes it found, and this rank's node's ranks
-        "nodes": reducer.stats.last.extra.get("nodes"),
-        "ranks_per_node": reducer.stats.last.extra.get("ranks_per_node"),
-        "staged": reducer.stats.last.extra.get("staged"),
-        "staged_bytes": int(reducer.stats.last.extra.get("staged_d2h", 0)
-                            + reducer.stats.last.extra.get("staged_h2d", 0)),
-        "rel_err": rel, "max_err": max_err, "error_feedback": reducer.memory.enabled,
-        "wrong": wrong if check else None, "check_failures": sorted(failures),
-        "check_tolerance": tolerance,
-        "reference_ok": not ref_failures if check else None,
-        "reference_failures": ref_failures, "reference": ref_info["reference"],
-        "band": ref_info["band"], "gain": ref_info["gain"],
-        "result_hash": last_hash, "fresh_hash": result_hash(fresh_out),
-        # auto: what it chose for this size, and the profile it decided by
-        "auto_choice": reducer.stats.last.extra.get("auto"),
-        "auto_profile": getattr(reducer.algorithm, "source", None),
-    }
+        return {
+            "codec": reducer.codec.describe(), "algorithm": reducer.algorithm.describe(),
+            "codec_name": reducer.codec.name, "algorithm_name": reducer.algorithm.name,
+            "time_median": float(np.median(slowest)), "time_min": float(np.min(slowest)),
+            "time_max": float(np.max(slowest)), "iterations": len(self.times),
+            "t_encode": float(worst[0]), "t_comm": float(worst[1]), "t_decode": float(worst[2]),
+            "wire_bytes": int(worst[3]), "wire_modelled": bool(last.modelled),
+            "segments": int(last.extra.get("segments", 1)),
+            # hierarchical: the nodes it found, and this rank's node's ranks
+            "nodes": last.extra.get("nodes"),
+            "ranks_per_node": last.extra.get("ranks_per_node"),
+            "staged": last.extra.get("staged"),
+            "staged_bytes": int(last.extra.get("staged_d2h", 0)
+                                + last.extra.get("staged_h2d", 0)),
+            "rel_err": rel, "max_err": max_err, "error_feedback": reducer.memory.enabled,
+            "wrong": self.wrong if self.check else None,
+            "check_failures": sorted(self.failures),
+            "check_tolerance": self.tolerance,
+            "reference_ok": not ref_failures if self.check else None,
+            "reference_failures": ref_failures, "reference": ref_info["reference"],
+            "band": ref_info["band"], "gain": ref_info["gain"],
+            "result_hash": last_hash, "fresh_hash": result_hash(fresh_out),
+            # auto: what it chose for this size, and the profile it decided by
+            "auto_choice": last.extra.get("auto"),
+            "auto_profile": getattr(reducer.algorithm, "source", None),
+        }
+
+
+def timed_rows(make_cases, iters: int, warmup: int, order: str):
+    """The rows of one size's cases, in the order ``make_cases`` lists them
+    (an iterable of functions, each building one :class:`Timed`).
+
+    ``blocks``: each case is built, warmed up and timed through all its
+    iterations before the next is built.  ``interleaved``: every case is built
+    and warmed up first, then iteration ``i`` times each case once, starting
+    from case ``i mod C`` (C cases) so that no case always follows the same
+    one: a slow spell of the machine then falls on every case alike, and
+    their ratios do not move with it (every case's buffers and state are
+    held at once).  Yields each case's row, with its ``span``."""
+    if order == "blocks":
+        for make in make_cases:
+            case = make()
+            case.warm(warmup)
+            for _ in range(iters):
+                case.step()
+            yield dict(case.row(), span=case.span)
+        return
+    cases = [make() for make in make_cases]
+    for case in cases:
+        case.warm(warmup)
+    count = len(cases)
+    for i in range(iters):
+        for j in range(count):
+            cases[(i + j) % count].step()
+    for case in cases:
+        yield dict(case.row(), span=case.span)
 
 
 def main(argv=None) -> int:
@@ -445,7 +550,8 @@ def main(argv=None) -> int:
             "affinity": comm.allgather(sorted(allowed_cpus())),
             "python": platform.python_version(), "date": date,
             "seed": args.seed, "options": options, "buffer": args.buffer, "cols": args.cols, "error_feedback": args.error_feedback,
-            "cases": [f"{c}+{a}" for c, a in cases], "calibrated": args.calibrate}
+            "cases": [f"{c}+{a}" for c, a in cases], "calibrated": args.calibrate,
+            "order": args.order}
     if rank == 0:
         print("# hpccomm allreduce benchmark (compared with MPI_Allreduce in the same run)")
         print(f"# tool: {meta['tool']}   mpi4py {meta['mpi4py']}   numpy {meta['numpy']}   "
@@ -456,6 +562,9 @@ def main(argv=None) -> int:
               f"date: {date}")
         print("# datatype: float32, op: sum; time = slowest rank per iteration, median over "
               "iterations; algbw from the uncompressed size")
+        print("# order: " + ("each case's iterations in a block, case after case"
+                             if args.order == "blocks" else
+                             "cases interleaved, each iteration timing every case once"))
         print(f"# input: N(0,1) per rank, shaped (n/{args.cols}, {args.cols}) where {args.cols} "
               "divides n" if args.cols else "# input: N(0,1) per rank, 1-D")
         for s in skipped:
@@ -468,6 +577,8 @@ def main(argv=None) -> int:
         sys.stdout.flush()
 
     rows = []
+    comm.Barrier()
+    t_start = time.perf_counter()     # the rows' spans count from here (rank 0's clock)
     progress = Progress(len(sizes) * len(cases), rank == 0 and not args.no_progress)
     for nbytes in sizes:
         n = nbytes // 4
@@ -480,14 +591,15 @@ def main(argv=None) -> int:
         x = make_buffer(x_host, args.buffer, args.device)
         iters = args.iterations or default_iterations(nbytes)
         warmup = args.warmup if args.warmup is not None else max(2, iters // 10)
+        makers = [functools.partial(RawCase, comm, x, exact, iters)
+                  if algorithm == "MPI_Allreduce" else
+                  functools.partial(CodecCase, comm, codec, algorithm, x, exact, iters,
+                                    case_options(codec, algorithm, options), ef, args.seed,
+                                    check=args.check)
+                  for codec, algorithm in cases]
         baseline = None
-        for codec, algorithm in cases:
-            if algorithm == "MPI_Allreduce":
-                r = run_raw(comm, x, exact, iters, warmup)
-            else:
-                r = run_case(comm, codec, algorithm, x, exact, iters, warmup,
-                             case_options(codec, algorithm, options), ef,
-                             args.seed, check=args.check)
+        for (codec, algorithm), r in zip(cases, timed_rows(makers, iters, warmup, args.order)):
+            r["span"] = [t - t_start for t in r["span"]]
             if baseline is None:
                 baseline = r["time_median"]
             t = r["time_median"]
