@@ -70,16 +70,22 @@ def test_interleaved_order_times_the_same_calls_side_by_side(tmp_path):
     """--order interleaved: the same calls as blocks (every row's last timed
     result and fresh result have the same bits), but each size's cases run
     side by side -- every case's timed iterations overlap every other's in
-    time, where blocks run them one after the other."""
+    time, where blocks run them one after the other.  The spans, put on the
+    clock_start of the JSON, fall within the run on this process's clock."""
     spans, hashes = {}, {}
     for order in ("blocks", "interleaved"):
         out = tmp_path / f"{order}.json"
+        before = time.perf_counter()
         proc = bench(3, "allreduce", "-m", "4K:16K", "-i", "3", "-x", "1", "--codec", "onebit",
                      "--algorithm", "twoshot,allgather", "--order", order, "-J", str(out))
+        after = time.perf_counter()
         assert proc.returncode == 0, proc.stderr
         data = json.loads(out.read_text())
         assert data["meta"]["order"] == order
         rows = data["rows"]
+        # the spans on the machine's monotonic clock, which this process reads too
+        start = data["meta"]["clock_start"]
+        assert before < start + rows[0]["span"][0] <= start + rows[-1]["span"][1] < after
         assert [r["size"] for r in rows] == [4096] * 4 + [16384] * 4
         hashes[order] = [(r["result_hash"], r["fresh_hash"]) for r in rows]
         spans[order] = [[r["span"] for r in rows if r["size"] == size] for size in (4096, 16384)]

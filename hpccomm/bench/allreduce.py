@@ -21,7 +21,11 @@ the next case starts; ``--order interleaved`` warms every case up first and
 then times one iteration of each case in turn, so that a slow spell of a
 shared machine (seconds long on a cloud VM) falls on every case alike and
 the speedups stay put.  Each row's ``span`` says when its timed iterations
-ran (seconds from the sweep's start, rank 0's clock).  Bandwidths follow
+ran (seconds from the sweep's start, rank 0's clock); the JSON's
+``clock_start`` is that start on rank 0's ``time.perf_counter`` (Linux:
+``CLOCK_MONOTONIC``, the clock every process of the machine shares), so that
+samples taken outside the run (CPU accounting, counters) can be put against
+each case.  Bandwidths follow
 nccl-tests: ``algbw = size / time``, ``busbw = algbw * 2 (P-1)/P``.  For
 compressed cases ``algbw`` counts the uncompressed size (the *effective*
 bandwidth a user sees); ``wire`` is the bytes this rank sent per call
@@ -579,6 +583,7 @@ def main(argv=None) -> int:
     rows = []
     comm.Barrier()
     t_start = time.perf_counter()     # the rows' spans count from here (rank 0's clock)
+    meta["clock_start"] = comm.bcast(t_start, root=0)
     progress = Progress(len(sizes) * len(cases), rank == 0 and not args.no_progress)
     for nbytes in sizes:
         n = nbytes // 4
