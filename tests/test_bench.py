@@ -66,9 +66,15 @@ def test_allreduce_json_schema(tmp_path, ranks):
         assert floor_seconds(big, 1e9) >= big["wire_bytes"] * 8e-9
 
 
+#: what a row computes, as against how long it took: the same in either --order
+SAME_IN_EITHER_ORDER = ("result_hash", "fresh_hash", "wire_bytes", "segments", "rel_err",
+                        "iterations", "wrong", "reference_ok", "gain", "error_feedback")
+
+
 def test_interleaved_order_times_the_same_calls_side_by_side(tmp_path):
     """--order interleaved: the same calls as blocks (every row's last timed
-    result and fresh result have the same bits), but each size's cases run
+    result and fresh result have the same bits, with the same bytes sent,
+    --check's verdicts and statistics), but each size's cases run
     side by side -- every case's timed iterations overlap every other's in
     time, where blocks run them one after the other.  The spans, put on the
     clock_start of the JSON, fall within the run on this process's clock."""
@@ -77,7 +83,8 @@ def test_interleaved_order_times_the_same_calls_side_by_side(tmp_path):
         out = tmp_path / f"{order}.json"
         before = time.perf_counter()
         proc = bench(3, "allreduce", "-m", "4K:16K", "-i", "3", "-x", "1", "--codec", "onebit",
-                     "--algorithm", "twoshot,allgather", "--order", order, "-J", str(out))
+                     "--algorithm", "twoshot,allgather", "--order", order, "--check",
+                     "-J", str(out))
         after = time.perf_counter()
         assert proc.returncode == 0, proc.stderr
         data = json.loads(out.read_text())
@@ -87,7 +94,8 @@ def test_interleaved_order_times_the_same_calls_side_by_side(tmp_path):
         start = data["meta"]["clock_start"]
         assert before < start + rows[0]["span"][0] <= start + rows[-1]["span"][1] < after
         assert [r["size"] for r in rows] == [4096] * 4 + [16384] * 4
-        hashes[order] = [(r["result_hash"], r["fresh_hash"]) for r in rows]
+        hashes[order] = [tuple(r[k] for k in SAME_IN_EITHER_ORDER) for r in rows]
+        assert all(r["wrong"] in (None, 0) and r["reference_ok"] in (None, True) for r in rows)
         spans[order] = [[r["span"] for r in rows if r["size"] == size] for size in (4096, 16384)]
     assert hashes["blocks"] == hashes["interleaved"]
     for size in spans["blocks"]:          # one case after another
@@ -132,6 +140,8 @@ def test_timed_rows_order(order):
         assert log[:6] == [("build", n) for n in "abc"] + [("warm", n, 2) for n in "abc"]
         assert steps == list("abc" "bca" "cab" "abc")
         assert log[-3:] == [("row", n) for n in "abc"]
+    with pytest.raises(ValueError, match="order must be one of"):
+        list(timed_rows(makers, 4, 2, order.upper()))
 
 
 @pytest.mark.parametrize("how", ["env", "launcher"])

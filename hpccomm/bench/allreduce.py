@@ -2,10 +2,10 @@
 
 Run under ``mpiexec -n P python -m mpi4py -m hpccomm.bench allreduce ...``.
 Every run measures ``comm.Allreduce`` called directly on the same buffers as
-the baseline (row ``MPI_Allreduce``; ``speedup`` is relative to it), then
+the baseline (row ``MPI_Allreduce``; ``speedup`` is relative to it),
 hpccomm's ``none``+``mpi`` (the same MPI call through hpccomm, which shows the
-library's per-call overhead), then each requested (codec, algorithm) case,
-size by size.  Output follows the OSU micro-benchmarks' shape: ``#`` header
+library's per-call overhead) and each requested (codec, algorithm) case,
+size by size, the cases of a size in that order (``--order``).  Output follows the OSU micro-benchmarks' shape: ``#`` header
 lines, then one row per (size, case), then one line per codec: the sizes
 where it was faster than ``MPI_Allreduce`` of the same run, and by how much.
 An ``auto`` row names the algorithm ``auto`` chose (``auto:twoshot``,
@@ -21,11 +21,11 @@ the next case starts; ``--order interleaved`` warms every case up first and
 then times one iteration of each case in turn, so that a slow spell of a
 shared machine (seconds long on a cloud VM) falls on every case alike and
 the speedups stay put.  Each row's ``span`` says when its timed iterations
-ran (seconds from the sweep's start, rank 0's clock); the JSON's
-``clock_start`` is that start on rank 0's ``time.perf_counter`` (Linux:
-``CLOCK_MONOTONIC``, the clock every process of the machine shares), so that
-samples taken outside the run (CPU accounting, counters) can be put against
-each case.  Bandwidths follow
+ran (seconds from the sweep's start, rank 0's clock; with ``--check`` the
+checks between iterations too); the JSON's ``clock_start`` is that start on
+rank 0's ``time.perf_counter`` (Linux: ``CLOCK_MONOTONIC``, the clock every
+process of rank 0's node shares), so that samples taken there outside the
+run (CPU accounting, counters) can be put against each case.  Bandwidths follow
 nccl-tests: ``algbw = size / time``, ``busbw = algbw * 2 (P-1)/P``.  For
 compressed cases ``algbw`` counts the uncompressed size (the *effective*
 bandwidth a user sees); ``wire`` is the bytes this rank sent per call
@@ -213,10 +213,11 @@ class Timed:
             self.call()
 
     def step(self) -> None:
+        call, out = self.call, self.out
         self.comm.Barrier()
         t0 = time.perf_counter()
-        self.call()
-        device_sync(self.out)
+        call()
+        device_sync(out)
         t1 = time.perf_counter()
         self.times[self.it] = t1 - t0
         if self.span[0] is None:
@@ -468,11 +469,13 @@ def timed_rows(make_cases, iters: int, warmup: int, order: str):
 
     ``blocks``: each case is built, warmed up and timed through all its
     iterations before the next is built.  ``interleaved``: every case is built
-    and warmed up first, then iteration ``i`` times each case once, starting
-    from case ``i mod C`` (C cases) so that no case always follows the same
-    one: a slow spell of the machine then falls on every case alike, and
-    their ratios do not move with it (every case's buffers and state are
-    held at once).  Yields each case's row, with its ``span``."""
+    and warmed up first, then iteration ``i`` times each case once, in their
+    order, starting from case ``i mod C`` (C cases), so that each case in
+    turn runs first: a slow spell of the machine then falls on every case
+    alike, and their ratios do not move with it (every case's buffers and
+    state are held at once).  Yields each case's row, with its ``span``."""
+    if order not in ORDERS:
+        raise ValueError(f"order must be one of {ORDERS}, not {order!r}")
     if order == "blocks":
         for make in make_cases:
             case = make()
