@@ -15,7 +15,7 @@ leaves out the system time (the sockets' copies, but also the polling) and
 the steal time (CPU the hypervisor gave to other guests).  The shared-memory
 run at P = 2 shows the same calls without a network.
 
-    python cpu.py [DIR]
+    python cpu.py [DIR]          (default: burst-256kb/ next to this script)
 """
 import bisect
 import json
@@ -26,7 +26,8 @@ import numpy as np
 
 from hpccomm.bench.report import floor_seconds
 
-d = sys.argv[1] if len(sys.argv) > 1 else os.path.dirname(os.path.abspath(__file__))
+d = (sys.argv[1] if len(sys.argv) > 1
+     else os.path.join(os.path.dirname(os.path.abspath(__file__)), "burst-256kb"))
 COLS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
