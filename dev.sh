@@ -5,8 +5,8 @@
 #   ./dev.sh bench [ARGS...]   mpiexec -n ${NP:-2} python -m mpi4py -m hpccomm.bench allreduce ARGS
 #                              (no ARGS: calibrate auto if this machine has no profile,
 #                              then 4 KiB-64 MiB, MPI_Allreduce vs bf16/onebit/terngrad/
-#                              qsgd/topk/randk through auto and twoshot, and a line per
-#                              codec: where compression paid)
+#                              qsgd/topk/randk through auto and twoshot, interleaved, and
+#                              a line per codec: where compression paid)
 #   ./dev.sh test  [ARGS...]   the whole test suite (python tests/run.py ARGS)
 #   ./dev.sh gpu [--simulate]  the GPU check: gpu tests at 1, 2, 5 ranks, codec and allreduce
 #                              benchmarks (CuPy, torch) with MPI_Allreduce in the same run;
@@ -81,10 +81,11 @@ case "$cmd" in
         setup
         if [ $# -eq 0 ]; then
             # the default sweep: MPI_Allreduce against a codec of each family, each
-            # through auto (calibrated once per machine and rank count) and twoshot
+            # through auto (calibrated once per machine and rank count) and twoshot,
+            # the cases interleaved so that their ratios hold on a noisy machine
             mpiexec -n "${NP:-2}" python -m mpi4py -m hpccomm.bench calibrate --if-missing
             set -- -m 4K:64M -f 4 --codec bf16,onebit,terngrad,qsgd,topk,randk \
-                --algorithm auto,twoshot
+                --algorithm auto,twoshot --order interleaved
         fi
         exec mpiexec -n "${NP:-2}" python -m mpi4py -m hpccomm.bench allreduce "$@"
         ;;

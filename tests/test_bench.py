@@ -764,7 +764,7 @@ def test_default_sweep_shape(tmp_path):
     proc = subprocess.run([MPIEXEC, "-n", "2", PY, "-m", "mpi4py", "-m", "hpccomm.bench",
                            "allreduce", "-m", "4K:64K", "-f", "16", "-i", "3", "-x", "1",
                            "--codec", "onebit,topk", "--algorithm", "mpi,auto,twoshot",
-                           "--no-progress", "-J", str(out)],
+                           "--order", "interleaved", "--no-progress", "-J", str(out)],
                           capture_output=True, text=True, timeout=240, env=env)
     assert proc.returncode == 0, proc.stderr
     assert "skipped" not in proc.stdout
