@@ -137,12 +137,13 @@ def test_calibrated_call_term_leaves_the_time_inside_mpi_out():
     """The per-call term is a call's time outside MPI: for a dense call of
     4 MiB, whose time is nearly all the ``MPI_Allreduce``, a small part of
     the whole call timed the same way."""
-    from hpccomm.bench.calibrate import _slowest_median, measure_call
+    from hpccomm.bench.calibrate import measure_call
+    from hpccomm.bench.harness import slowest_median
 
     n = 1 << 20
     outside = measure_call(COMM, "none", "mpi", n, 5)
     x = np.ones(n, np.float32)
     out = np.empty_like(x)
     r = hpccomm.Allreducer(COMM, codec="none", algorithm="mpi", check="first")
-    whole = _slowest_median(COMM, lambda: r(x, key="k", out=out), 20)
+    whole = slowest_median(COMM, lambda: r(x, key="k", out=out), 20)
     assert 0 < outside < 0.1 * whole, (outside, whole)

@@ -35,6 +35,8 @@ import time
 
 import numpy as np
 
+from .harness import slowest_median
+
 LADDERS = {
     "quick": [8, 1 << 16, 1 << 22],
     "default": [8, 1 << 12, 1 << 14, 1 << 16, 1 << 18, 1 << 20, 1 << 22, 1 << 24, 1 << 26],
@@ -66,28 +68,6 @@ def _blocks(buf, block: int, P: int):
     return [buf, ([block] * P, [block * j for j in range(P)]), MPI.BYTE]
 
 
-def _slowest_median(comm, fn, reps, excluded=None):
-    """The median over ``reps`` calls of ``fn`` (after one more, untimed) of
-    the slowest rank's seconds per call, each call started after a barrier.
-    ``excluded``: a running count of seconds (read before and after each
-    call) whose growth is taken off the call's time."""
-    from mpi4py import MPI
-
-    fn()
-    ts = np.empty(reps)
-    for i in range(reps):
-        comm.Barrier()
-        before = excluded() if excluded is not None else 0.0
-        t0 = time.perf_counter()
-        fn()
-        ts[i] = time.perf_counter() - t0
-        if excluded is not None:
-            ts[i] -= excluded() - before
-    slowest = np.empty_like(ts)
-    comm.Allreduce(ts, slowest, op=MPI.MAX)
-    return float(np.median(slowest))
-
-
 def measure_patterns(comm, sizes, reps):
     """``{pattern: [[bytes, seconds], ...]}`` on ``comm``."""
     from mpi4py import MPI
@@ -99,14 +79,14 @@ def measure_patterns(comm, sizes, reps):
         x = np.ones(n, np.float32)
         y = np.empty_like(x)
         r = _reps(nbytes, reps, 1 << 20)
-        out["allreduce"].append([nbytes, _slowest_median(
+        out["allreduce"].append([nbytes, slowest_median(
             comm, lambda: comm.Allreduce(x, y, op=MPI.SUM), r)])
         block = max(1, nbytes)
         sb = np.ones(block * P, np.uint8)
         rb = np.empty_like(sb)
-        out["alltoallv"].append([nbytes, _slowest_median(
+        out["alltoallv"].append([nbytes, slowest_median(
             comm, lambda: comm.Alltoallv(_blocks(sb, block, P), _blocks(rb, block, P)), r)])
-        out["allgatherv"].append([nbytes, _slowest_median(
+        out["allgatherv"].append([nbytes, slowest_median(
             comm, lambda: comm.Allgatherv(sb[:block], _blocks(rb, block, P)), r)])
     return out
 
@@ -171,8 +151,8 @@ def measure_kernels(comm, codec, n, reps):
             for p in received:
                 codec.decode_add(p, out)
             codec.decode(codec.reencode(out.copy(), ctx), out)
-    return {"encode": _slowest_median(comm, enc, reps), "owner": _slowest_median(comm, own, reps),
-            "decode": _slowest_median(comm, lambda: codec.decode(packet, out), reps)}
+    return {"encode": slowest_median(comm, enc, reps), "owner": slowest_median(comm, own, reps),
+            "decode": slowest_median(comm, lambda: codec.decode(packet, out), reps)}
 
 
 #: elements of the calls that measure a codec's per-call cost (4-256 KiB): the
@@ -202,8 +182,8 @@ def measure_call(comm, codec, algorithm, n, reps):
         return None
     for _ in range(20):
         r(x, key="calibrate", out=out)
-    return _slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, SMALL_REPS),
-                           excluded=lambda: r.stats.t_comm)
+    return slowest_median(comm, lambda: r(x, key="calibrate", out=out), max(reps, SMALL_REPS),
+                          excluded=lambda: r.stats.t_comm)
 
 
 #: elements of the compute phases that :func:`measure_waits` times
@@ -222,15 +202,15 @@ def measure_waits(comm, reps, sizes):
 
     a, b = np.zeros(1, np.float64), np.zeros(1, np.float64)
     sync = lambda: comm.Allreduce(a, b, op=MPI.SUM)  # noqa: E731
-    alone = _slowest_median(comm, sync, max(reps, SMALL_REPS))
+    alone = slowest_median(comm, sync, max(reps, SMALL_REPS))
     out = [[0.0, 0.0]]
     for n in sizes:
         x = np.ones(n, np.float32)
         y = np.empty_like(x)
         r = max(reps, 15)      # the wait is a difference of two noisy medians
         work = lambda: np.multiply(x, np.float32(1.0001), out=y)  # noqa: E731
-        compute = _slowest_median(comm, work, r)
-        both = _slowest_median(comm, lambda: (work(), sync()), r)
+        compute = slowest_median(comm, work, r)
+        both = slowest_median(comm, lambda: (work(), sync()), r)
         out.append([compute, max(both - compute - alone, 0.0)])
     return out
 
@@ -248,10 +228,10 @@ def measure_overlap(comm, reps, block=1 << 17, segments=8):
     send = _blocks(np.ones(block * P, np.uint8), block, P)
     recvs = [_blocks(np.empty(block * P, np.uint8), block, P) for _ in range(2)]
     r = max(reps, 15)
-    wire = _slowest_median(comm, lambda: comm.Alltoallv(send, recvs[0]), r)
+    wire = slowest_median(comm, lambda: comm.Alltoallv(send, recvs[0]), r)
     x = np.ones(1 << 20, np.float32)
     y = np.empty_like(x)
-    one = _slowest_median(comm, lambda: np.multiply(x, np.float32(1.0001), out=y), r)
+    one = slowest_median(comm, lambda: np.multiply(x, np.float32(1.0001), out=y), r)
     passes = comm.allreduce(max(1, round(wire / max(one, 1e-9))), op=MPI.MAX)
 
     def work():
@@ -268,8 +248,8 @@ def measure_overlap(comm, reps, block=1 << 17, segments=8):
             pending = req
         pending.Wait()
 
-    compute = _slowest_median(comm, work, r)
-    together = _slowest_median(comm, pipeline, max(reps, 5))
+    compute = slowest_median(comm, work, r)
+    together = slowest_median(comm, pipeline, max(reps, 5))
     hidden = segments * (wire + compute) - together
     most = segments * min(wire, compute) * (1 - 1 / segments)
     return min(max(hidden / most, 0.0), 1.0)

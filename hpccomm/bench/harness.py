@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import time
 from typing import FrozenSet, List, Optional, Tuple
 
 import numpy as np
@@ -163,6 +164,28 @@ def slowest_rank(comm, times):
     slowest = np.empty_like(times)
     comm.Allreduce(times, slowest, op=MPI.MAX)
     return slowest
+
+
+def slowest_median(comm, fn, reps, excluded=None):
+    """The median over ``reps`` calls of ``fn`` (after one more, untimed) of
+    the slowest rank's seconds per call, each call started after a barrier.
+    ``excluded``: a running count of seconds (read before and after each
+    call) whose growth is taken off the call's time."""
+    from mpi4py import MPI
+
+    fn()
+    ts = np.empty(reps)
+    for i in range(reps):
+        comm.Barrier()
+        before = excluded() if excluded is not None else 0.0
+        t0 = time.perf_counter()
+        fn()
+        ts[i] = time.perf_counter() - t0
+        if excluded is not None:
+            ts[i] -= excluded() - before
+    slowest = np.empty_like(ts)
+    comm.Allreduce(ts, slowest, op=MPI.MAX)
+    return float(np.median(slowest))
 
 
 #: ``--buffer`` kinds: numpy, torch (``--device cpu|cuda``), CuPy, and ``sim``

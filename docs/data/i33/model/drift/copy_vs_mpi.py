@@ -10,7 +10,7 @@ first recorded output, copy_vs_mpi.txt, predates the CPU columns.)
 
     mpiexec -bind-to core -n 2 python docs/data/i33/model/drift/copy_vs_mpi.py [T]
 
-hpccomm is imported only for its timing helper (the calibration's)."""
+hpccomm is imported only for its timing helper (the calibration's, bench.harness)."""
 import os
 import sys
 import time
@@ -18,7 +18,7 @@ import time
 import numpy as np
 from mpi4py import MPI
 
-from hpccomm.bench.calibrate import _slowest_median
+from hpccomm.bench.harness import slowest_median
 
 T = float(sys.argv[1]) if len(sys.argv) > 1 else 40.0
 comm = MPI.COMM_WORLD
@@ -39,8 +39,8 @@ t00 = time.time()
 samples = []
 while comm.bcast(time.time() - t00 < T, root=0):    # rank 0 decides for all
     c0, p0 = cpu()
-    t_ar = _slowest_median(comm, lambda: comm.Allreduce(x, y, op=MPI.SUM), 20)
-    t_copy = _slowest_median(comm, lambda: np.copyto(b, a), 5)
+    t_ar = slowest_median(comm, lambda: comm.Allreduce(x, y, op=MPI.SUM), 20)
+    t_copy = slowest_median(comm, lambda: np.copyto(b, a), 5)
     c1, p1 = cpu()
     used = (c1 - c0) / (p1 - p0)        # user nice system idle iowait irq softirq steal
     samples.append((time.time() - t00, t_ar, a.nbytes / t_copy / 1e9, used[7],
