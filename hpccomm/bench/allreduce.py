@@ -5,8 +5,9 @@ Every run measures ``comm.Allreduce`` called directly on the same buffers as
 the baseline (row ``MPI_Allreduce``; ``speedup`` is relative to it),
 hpccomm's ``none``+``mpi`` (the same MPI call through hpccomm, which shows the
 library's per-call overhead) and each requested (codec, algorithm) case,
-size by size, the cases of a size in that order (``--order``).  Output follows the OSU micro-benchmarks' shape: ``#`` header
-lines, then one row per (size, case), then one line per codec: the sizes
+size by size, the cases of a size in that order (``--order``).  Output
+follows the OSU micro-benchmarks' shape: ``#`` header lines, then one row per
+(size, case), then one line per codec: the sizes
 where it was faster than ``MPI_Allreduce`` of the same run, and by how much.
 An ``auto`` row names the algorithm ``auto`` chose (``auto:twoshot``,
 ``auto:dense``).  Codecs and algorithms are crossed; a pair whose algorithm
@@ -400,8 +401,7 @@ class CodecCase(Timed):
         self.phases = np.empty((iters, 3))
         self.sent = np.empty(iters)
         self.wrong, self.failures = 0, set()
-        self.tolerance = self.reducer.codec.check_tolerance(comm.Get_size(),
-                                                            self.reducer.memory.enabled)
+        self.tolerance = reducer.codec.check_tolerance(comm.Get_size(), reducer.memory.enabled)
 
     def warm(self, warmup: int) -> None:
         super().warm(warmup)

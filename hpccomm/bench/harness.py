@@ -171,8 +171,6 @@ def slowest_median(comm, fn, reps, excluded=None):
     the slowest rank's seconds per call, each call started after a barrier.
     ``excluded``: a running count of seconds (read before and after each
     call) whose growth is taken off the call's time."""
-    from mpi4py import MPI
-
     fn()
     ts = np.empty(reps)
     for i in range(reps):
@@ -183,9 +181,7 @@ def slowest_median(comm, fn, reps, excluded=None):
         ts[i] = time.perf_counter() - t0
         if excluded is not None:
             ts[i] -= excluded() - before
-    slowest = np.empty_like(ts)
-    comm.Allreduce(ts, slowest, op=MPI.MAX)
-    return float(np.median(slowest))
+    return float(np.median(slowest_rank(comm, ts)))
 
 
 #: ``--buffer`` kinds: numpy, torch (``--device cpu|cuda``), CuPy, and ``sim``
