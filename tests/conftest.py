@@ -23,7 +23,9 @@ def pytest_configure(config):
         install()
     config.addinivalue_line("markers", "wide: MPI test that also runs at 4, 6 and 8 ranks")
     config.addinivalue_line("markers", "narrow: MPI test of a layer above the collectives (fusion, "
-                            "overlap, staleness, the DDP hook, the documented examples), whose "
+                            "overlap, staleness, requests, the optimizers, the DDP hook, the "
+                            "PyTorch helper, buffer adapters, error feedback's convergence, "
+                            "the mutants, the documented examples), whose "
                             "collectives the other tests run at every rank count: at no more than "
                             "tests/run.py's NARROW ranks")
     config.addinivalue_line("markers", "slow: MPI test run once, at 2 ranks (large memory)")

@@ -68,6 +68,7 @@ def test_float16_is_widened_and_rounded_back():
     np.testing.assert_array_equal(res, np.full(9, 0.5 * SIZE * (SIZE + 1) / 2, dtype=np.float16))
 
 
+@pytest.mark.narrow      # ml_dtypes' bfloat16: a buffer adapter
 def test_bfloat16_bits_roundtrip_and_reduce():
     # bfloat16 arrives as torch/ml_dtypes data; the host helpers are what both use
     vals = np.array([0.0, 1.0, -2.5, 3.140625, 65280.0], dtype=np.float32)
@@ -217,6 +218,7 @@ def test_dlpack_objects_on_host():
     np.testing.assert_array_equal(res, exact_sum(10, integers=True).astype(np.float32))
 
 
+@pytest.mark.narrow      # torch tensors: a buffer adapter (torch costs each rank 1.5 s)
 def test_torch_tensors_if_available():
     torch = pytest.importorskip("torch")
     x = torch.from_numpy(rank_data(12, integers=True)).reshape(3, 4)

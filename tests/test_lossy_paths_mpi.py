@@ -12,7 +12,9 @@ from .helpers import COMM, SIZE, digest, rank_data, \
     same_on_all_ranks
 from .test_collectives_mpi import CODEC_PARAMS, CODECS, SEED
 
-pytestmark = pytest.mark.mpi
+# narrow: layers above the collectives (the PyTorch helper, device buffers), whose
+# collectives tests/test_collectives_mpi.py runs at every rank count
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow]
 
 STEPS = 3
 

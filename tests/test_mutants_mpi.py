@@ -33,7 +33,9 @@ from .test_codecs_sparse import feedback_invariant_error
 from .test_collectives_mpi import CODEC_PARAMS, CODECS, SEED, band_failure, make_codec, \
     pipeline_failures
 
-pytestmark = pytest.mark.mpi
+# narrow: that each check can fail is shown at up to 3 ranks; the checks themselves
+# run at every rank count in the other files
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow]
 
 N_BENCH, SHAPE_BENCH = 4096, (4, 1024)
 

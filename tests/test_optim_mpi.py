@@ -1,5 +1,5 @@
 """hpccomm.optim on real MPI: each optimizer against a single-process reference
-of its paper's algorithm, bit for bit, at every rank count the suite runs,
+of its paper's algorithm, bit for bit, at 1, 2 and 3 ranks,
 per tensor and in a GradReducer's buckets (with and without overlap); a
 resumed run equals the uninterrupted one across the freeze point.
 
@@ -18,17 +18,17 @@ from hpccomm.reference import Pipeline
 
 from .helpers import COMM, RANK, SIZE, same_on_all_ranks
 
-# the optimizers' own logic at 1-4 ranks ("wide": the suite's 4-rank run too);
-# their collective (twoshot) is tested at every rank count by test_collectives_mpi.
-# Skipped before torch is imported: each rank of the 6- and 8-rank runs would
-# spend 1-2 s of a shared core importing it for nothing.
+# the optimizers' own logic, a layer above the collectives ("narrow": the suite runs
+# it at 1-3 ranks); their collective (twoshot) is tested at every rank count by
+# test_collectives_mpi.  Skipped above 4 ranks before torch is imported: each rank
+# would spend 1-2 s of a shared core importing it for nothing.
 if SIZE > 4:
     pytest.skip("the optimizers are checked at 1-4 ranks", allow_module_level=True)
 torch = pytest.importorskip("torch")
 from hpccomm.optim import OneBitAdam, ZeroOneAdam  # noqa: E402
 from hpccomm.torch_grads import GradReducer  # noqa: E402
 
-pytestmark = [pytest.mark.mpi, pytest.mark.wide]
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow]
 
 SHAPES = [(7, 5), (13,), (3, 1, 4)]
 LR, BETAS, EPS = 0.01, (0.9, 0.999), 1e-8

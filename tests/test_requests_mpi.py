@@ -11,7 +11,9 @@ from hpccomm import requests
 from .helpers import (COMM, RANK, SIZE, digest, exact_sum, raise_everywhere, rank_data,
                       same_on_all_ranks)
 
-pytestmark = pytest.mark.mpi
+# narrow: the non-blocking layer (Allreducer.start) above the collectives, which
+# tests/test_collectives_mpi.py runs at every rank count
+pytestmark = [pytest.mark.mpi, pytest.mark.narrow]
 
 CONFIGS = [("none", "mpi"), ("onebit", "twoshot"), ("topk", "allgather"), ("terngrad", "auto"),
            ("qsgd", "twoshot")]
