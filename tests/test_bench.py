@@ -488,6 +488,8 @@ def test_sparse_bench_runs():
     assert all(float(r[5]) < 1e-6 for r in rows)      # rel_err against the exact sum
     proc = bench(1, "sparse", "-n", "1K", "-i", "1", "-a", "nosuch")
     assert proc.returncode != 0 and "unknown sparse algorithm" in proc.stderr
+    proc = bench(1, "sparse", "-n", "1K", "-i", "0")
+    assert proc.returncode == 2 and "--iterations must be at least 1" in proc.stderr
 
 
 def test_every_codec_with_its_own_options_and_check(tmp_path):

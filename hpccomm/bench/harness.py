@@ -166,12 +166,13 @@ def slowest_rank(comm, times):
     return slowest
 
 
-def slowest_median(comm, fn, reps, excluded=None):
-    """The median over ``reps`` calls of ``fn`` (after one more, untimed) of
-    the slowest rank's seconds per call, each call started after a barrier.
-    ``excluded``: a running count of seconds (read before and after each
-    call) whose growth is taken off the call's time."""
-    fn()
+def slowest_median(comm, fn, reps, excluded=None, warmup=1):
+    """The median over ``reps`` calls of ``fn`` (after ``warmup`` more,
+    untimed) of the slowest rank's seconds per call, each call started after
+    a barrier.  ``excluded``: a running count of seconds (read before and
+    after each call) whose growth is taken off the call's time."""
+    for _ in range(warmup):
+        fn()
     ts = np.empty(reps)
     for i in range(reps):
         comm.Barrier()

@@ -19,9 +19,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 import numpy as np
+
+from .harness import slowest_median
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30}
 
@@ -65,28 +66,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _slowest(comm, value: float) -> float:
-    from mpi4py import MPI
-
-    return comm.allreduce(value, op=MPI.MAX)
-
-
-def time_calls(comm, fn, iterations: int, warmup: int):
-    """Median over iterations of the slowest rank's time; and the last result."""
-    result = None
-    for _ in range(warmup):
-        result = fn()
-    times = []
-    for _ in range(iterations):
-        comm.Barrier()
-        t0 = time.perf_counter()
-        result = fn()
-        times.append(_slowest(comm, time.perf_counter() - t0))
-    return float(np.median(times)), result
-
-
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.iterations < 1 or args.warmup < 0:     # the same argv, so every rank exits
+        parser.error("--iterations must be at least 1 and --warmup at least 0")
     import numba
     from mpi4py import MPI
 
@@ -122,8 +106,8 @@ def main(argv=None) -> int:
         norm = float(np.linalg.norm(exact)) or 1.0
         dense_out = np.empty_like(dense_in)
         result = np.empty_like(dense_in)
-        t_dense, _ = time_calls(comm, lambda: comm.Allreduce(dense_in, dense_out, op=MPI.SUM),
-                                args.iterations, args.warmup)
+        t_dense = slowest_median(comm, lambda: comm.Allreduce(dense_in, dense_out, op=MPI.SUM),
+                                 args.iterations, warmup=args.warmup)
         rows = [("MPI_Allreduce", t_dense, 2 * (size - 1) * 4 * n // size if size > 1 else 0,
                  True, float(np.linalg.norm(dense_out - exact)) / norm, "")]
         for alg in algorithms:
@@ -133,12 +117,12 @@ def main(argv=None) -> int:
 
             def call():
                 last["stats"] = hpccomm.CallStats()
-                return hpccomm.sparse_allreduce(sv, comm, algorithm=name, out=result,
-                                                stats=last["stats"],
-                                                state=kept if kept is not None else KeyState())
+                last["result"] = hpccomm.sparse_allreduce(
+                    sv, comm, algorithm=name, out=result, stats=last["stats"],
+                    state=kept if kept is not None else KeyState())
 
-            t, res = time_calls(comm, call, args.iterations, args.warmup)
-            stats = last["stats"]
+            t = slowest_median(comm, call, args.iterations, warmup=args.warmup)
+            stats, res = last["stats"], last["result"]
             sent = comm.allreduce(stats.bytes_sent, op=MPI.MAX)
             err = float(np.linalg.norm(res - exact)) / norm
             extra = {k: v for k, v in stats.extra.items()
