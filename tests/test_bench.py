@@ -130,8 +130,12 @@ def test_timed_rows_order(order):
             return {"case": self.name}
 
     makers = [lambda n=n: Logged(n) for n in "abc"]
-    rows = list(timed_rows(makers, 4, 2, order))
+    rows = list(timed_rows(makers, 4, 2, order, on_step=lambda j: log.append(("tick", j))))
     assert [r["case"] for r in rows] == ["a", "b", "c"]
+    # each timed iteration is followed by one tick naming its case
+    ticks = [i for i, e in enumerate(log) if e[0] == "tick"]
+    assert len(ticks) == 12 and all(log[i - 1] == ("step", "abc"[log[i][1]]) for i in ticks)
+    log[:] = [e for e in log if e[0] != "tick"]
     if order == "blocks":
         assert log == [e for n in "abc" for e in
                        [("build", n), ("warm", n, 2), *[("step", n)] * 4, ("row", n)]]

@@ -463,9 +463,11 @@ class CodecCase(Timed):
         }
 
 
-def timed_rows(make_cases, iters: int, warmup: int, order: str):
+def timed_rows(make_cases, iters: int, warmup: int, order: str, on_step=None):
     """The rows of one size's cases, in the order ``make_cases`` lists them
-    (an iterable of functions, each building one :class:`Timed`).
+    (a sequence of functions, each building one :class:`Timed`).
+    ``on_step(j)``, when given, is called after each timed iteration of case
+    ``j`` (a progress bar's tick).
 
     ``blocks``: each case is built, warmed up and timed through all its
     iterations before the next is built.  ``interleaved``: every case is built
@@ -476,12 +478,14 @@ def timed_rows(make_cases, iters: int, warmup: int, order: str):
     state are held at once).  Yields each case's row, with its ``span``."""
     if order not in ORDERS:
         raise ValueError(f"order must be one of {ORDERS}, not {order!r}")
+    tick = on_step if on_step is not None else (lambda j: None)
     if order == "blocks":
-        for make in make_cases:
+        for j, make in enumerate(make_cases):
             case = make()
             case.warm(warmup)
             for _ in range(iters):
                 case.step()
+                tick(j)
             yield dict(case.row(), span=case.span)
         return
     cases = [make() for make in make_cases]
@@ -491,6 +495,7 @@ def timed_rows(make_cases, iters: int, warmup: int, order: str):
     for i in range(iters):
         for j in range(count):
             cases[(i + j) % count].step()
+            tick((i + j) % count)
     for case in cases:
         yield dict(case.row(), span=case.span)
 
@@ -587,7 +592,8 @@ def main(argv=None) -> int:
     comm.Barrier()
     t_start = time.perf_counter()     # the rows' spans count from here (rank 0's clock)
     meta["clock_start"] = comm.bcast(t_start, root=0)
-    progress = Progress(len(sizes) * len(cases), rank == 0 and not args.no_progress)
+    iterations = {nbytes: args.iterations or default_iterations(nbytes) for nbytes in sizes}
+    progress = Progress(len(cases) * sum(iterations.values()), rank == 0 and not args.no_progress)
     for nbytes in sizes:
         n = nbytes // 4
         rng = np.random.default_rng([args.seed, rank, n])
@@ -597,7 +603,7 @@ def main(argv=None) -> int:
         if args.cols and n % args.cols == 0 and n > args.cols:
             x_host = x_host.reshape(n // args.cols, args.cols)
         x = make_buffer(x_host, args.buffer, args.device)
-        iters = args.iterations or default_iterations(nbytes)
+        iters = iterations[nbytes]
         warmup = args.warmup if args.warmup is not None else max(2, iters // 10)
         makers = [functools.partial(RawCase, comm, x, exact, iters)
                   if algorithm == "MPI_Allreduce" else
@@ -606,7 +612,11 @@ def main(argv=None) -> int:
                                     check=args.check)
                   for codec, algorithm in cases]
         baseline = None
-        for (codec, algorithm), r in zip(cases, timed_rows(makers, iters, warmup, args.order)):
+        def tick(j, nbytes=nbytes):
+            progress.step(f"{fmt_bytes(nbytes)} {'+'.join(cases[j])}")
+
+        for (codec, algorithm), r in zip(cases, timed_rows(makers, iters, warmup, args.order,
+                                                           on_step=tick)):
             r["span"] = [t - t_start for t in r["span"]]
             if baseline is None:
                 baseline = r["time_median"]
@@ -616,7 +626,6 @@ def main(argv=None) -> int:
                      speedup=baseline / t if t > 0 else float("inf"),
                      ratio=nbytes / r["wire_bytes"] if r["wire_bytes"] else None)
             rows.append(r)
-            progress.step(f"{fmt_bytes(nbytes)} {codec}+{algorithm}")
             if rank == 0:
                 tot = max(t, 1e-12)
                 ratio = f"{r['ratio']:.2f}" if r["ratio"] else "-"
