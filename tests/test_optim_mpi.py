@@ -20,8 +20,8 @@ from .helpers import COMM, RANK, SIZE, same_on_all_ranks
 
 # the optimizers' own logic, a layer above the collectives ("narrow": the suite runs
 # it at 1-3 ranks); their collective (twoshot) is tested at every rank count by
-# test_collectives_mpi.  Skipped above 4 ranks before torch is imported: each rank
-# would spend 1-2 s of a shared core importing it for nothing.
+# test_collectives_mpi.  Run by hand above 4 ranks, the file skips before torch is
+# imported, which would cost each rank 1-2 s of a shared core.
 if SIZE > 4:
     pytest.skip("the optimizers are checked at 1-4 ranks", allow_module_level=True)
 torch = pytest.importorskip("torch")
