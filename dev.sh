@@ -31,6 +31,10 @@ EXTRAS=${HPCCOMM_EXTRAS:-mpich,test,train}
 # A CPU build of torch for the tests of the PyTorch helper; an unpinned "torch"
 # would pull a multi-GB CUDA build.
 TORCH=${HPCCOMM_TORCH:-torch==2.13.0}
+# --no-compile: no bytecode for every installed module (torch's alone is half the
+# install's time); a program compiles what it imports on first use, and the test
+# suite keeps its bytecode in build/pycache (tests/run.py), never reading pip's
+PIP_FLAGS="--disable-pip-version-check --no-compile"
 
 setup() {
     if [ ! -x "$VENV/bin/python" ]; then
@@ -40,7 +44,7 @@ setup() {
     local stamp="$VENV/.hpccomm-installed-$EXTRAS"
     if [ ! -f "$stamp" ] || [ setup.py -nt "$stamp" ]; then
         "$VENV/bin/python" -m pip install -q --disable-pip-version-check --upgrade pip
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e ".[$EXTRAS]"
+        "$VENV/bin/python" -m pip install -q $PIP_FLAGS -e ".[$EXTRAS]"
         touch "$stamp"
     fi
     export PATH="$PWD/$VENV/bin:$PATH"
@@ -60,7 +64,7 @@ gpu_venv() {
     "$base" -c 'import sys; print("".join(f"import site; site.addsitedir({p!r})\n"
                                         for p in sys.path if p.endswith("-packages")))' \
         > "$site/hpccomm-base.pth"
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-index --no-deps \
+    "$venv/bin/python" -m pip install -q $PIP_FLAGS --no-index --no-deps \
         --ignore-installed \
         "$wheels"/*.whl
     GPU_VENV=$PWD/$venv
@@ -69,7 +73,7 @@ gpu_venv() {
 setup_torch() {
     local stamp="$VENV/.hpccomm-torch-${TORCH//[^A-Za-z0-9.]/_}"
     if [ "$TORCH" != "none" ] && [ ! -f "$stamp" ]; then
-        "$VENV/bin/python" -m pip install -q --disable-pip-version-check "$TORCH"
+        "$VENV/bin/python" -m pip install -q $PIP_FLAGS "$TORCH"
         touch "$stamp"
     fi
 }
