@@ -177,8 +177,9 @@ def error_job(algorithm, where, kind, device, on_error="abort", step_hit=2, star
         x = wrap(rng.standard_normal(shape).astype(np.float32))
         INJECTOR.reset()
         if step == step_hit and rank == 1:
-            print(f"rank 1: call {step} made {counts[-1]} transfers, {packets[-1]} with packets",
-                  flush=True)
+            if counts:      # (none before the first call: --step 0)
+                print(f"rank 1: call {step} made {counts[-1]} transfers, {packets[-1]} with "
+                      "packets", flush=True)
             INJECTOR.arm(1 if where == "first" else
                          packets[-1] if kind == "corrupt" else counts[-1], kind)
         try:
