@@ -177,11 +177,12 @@ def error_job(algorithm, where, kind, device, on_error="abort", step_hit=2, star
         x = wrap(rng.standard_normal(shape).astype(np.float32))
         INJECTOR.reset()
         if step == step_hit and rank == 1:
-            if counts:      # (none before the first call: --step 0)
-                print(f"rank 1: call {step} made {counts[-1]} transfers, {packets[-1]} with "
-                      "packets", flush=True)
-            INJECTOR.arm(1 if where == "first" else
-                         packets[-1] if kind == "corrupt" else counts[-1], kind)
+            # the transfers of the kind hit (corrupt: those that bring packets) the call
+            # before made: the last of them is where "last" hits (none before call 1)
+            last = (packets if kind == "corrupt" else counts)[-1] if counts else None
+            if last is not None:
+                print(f"rank 1: call {step} made {last} transfers of the kind hit", flush=True)
+            INJECTOR.arm(1 if where == "first" else last, kind)
         try:
             if started:
                 reducer.start(x, key="w").wait()
