@@ -290,6 +290,8 @@ def finalize_job(how):
 def main(argv):
     if argv[0] == "error":
         step = int(argv[argv.index("--step") + 1]) if "--step" in argv else 2
+        if step == 0 and argv[2] != "first":   # "last" counts the call before's transfers
+            sys.exit("faults.py: --step 0 hits the first call, where only 'first' applies")
         error_job(argv[1], argv[2], argv[3], "--device" in argv,
                   "raise" if "--raise" in argv else "abort", step, "--started" in argv)
     elif argv[0] == "kill":
