@@ -94,11 +94,13 @@ def run(label, cmd, timeout, env, out=None):
 #: collectives, whose collectives the other tests run at every count)
 NARROW = 3
 
-#: the built-in codecs, costliest to compile first (seconds of one core on an
-#: empty cache, 2026-12-02: ebq 14, qsgd 12, terngrad 6, onebit 5, powersgd 5,
-#: ...); the warm-up jobs take them round robin
-WARM_CODECS = ("ebq", "qsgd", "terngrad", "onebit", "powersgd", "fp16", "fp8", "topk", "dgc",
-               "adaptive", "threshold", "randk", "bf16", "none")
+#: the built-in codecs, costliest to compile first (a warm-up job's run of one
+#: codec on an empty cache less the same run cached, seconds, 2026-12-03: qsgd
+#: 10.4, terngrad 9.8, onebit 8.1, powersgd 7.2, dgc 6.6, ebq 6.4, fp8 5.7,
+#: adaptive 5.6, fp16 4.4, bf16 4.3, randk 2.7, threshold 2.5, topk 1.6, none
+#: 0.4); the warm-up jobs take them round robin
+WARM_CODECS = ("qsgd", "terngrad", "onebit", "powersgd", "dgc", "ebq", "fp8", "adaptive", "fp16",
+               "bf16", "randk", "threshold", "topk", "none")
 
 
 def share_bytecode(env):
