@@ -1204,7 +1204,7 @@ def test_float32_rows_have_the_type_and_values_of_payload_rows(count, spaced, of
 @pytest.mark.parametrize("name,params,kernel,body,rows", [
     ("qsgd", {}, "qsgd.qsgd_owner_step", "_qsgd_encode", (4, 5)),
     ("terngrad", {}, "terngrad.tern_owner_add", "_tern_owner_add", (0, 1)),
-    ("bf16", {}, "halfwidth.half_owner_step", "_half_owner_step", (0,)),
+    ("bf16", {}, "halfwidth._bf16_owner_rows", "_bf16_owner_step", (0,)),
     ("fp8", {}, "fp8.fp8_owner_step", "_fp8_owner_step", (0, 1))])
 def test_an_owner_steps_body_compiles_once_for_both_row_layouts(monkeypatch, name, params, kernel,
                                                                 body, rows):

@@ -209,7 +209,6 @@ def _widen_block(bb, bf16, dec, add):
         f16_to_f32(bb, dec, add)
 
 
-@njit(cache=True, nogil=True)
 def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
     """The owner stage of ``twoshot`` for fp16 / bf16, one block at a time
     (all of it in cache): ``acc = 0 + widen(received[0]) + widen(received[1])
@@ -217,13 +216,37 @@ def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
     bits into ``bits``, ``e_out = w - widen(bits)`` (with ``feedback``) and
     ``out = widen(bits)``, what every rank decodes the packet to.  The bits of
     decode-add, compensate, re-encode, decode and subtract.  Returns the
-    number of non-finite ``w``."""
-    return _half_owner_step(strided_rows(received), bf16, e, has_e, feedback, bits, e_out, out)
+    number of non-finite ``w``.  (A Python function: it picks the compiled
+    step of its format.)"""
+    step = _bf16_owner_rows if bf16 else _f16_owner_rows
+    return step(received, e, has_e, feedback, bits, e_out, out)
+
+
+# per format, a body on strided rows and a wrapper that hands it any rows as
+# strided (one body for both layouts): a process compiles its format's only
+@njit(cache=True, nogil=True)
+def _f16_owner_rows(received, e, has_e, feedback, bits, e_out, out):
+    return _f16_owner_step(strided_rows(received), e, has_e, feedback, bits, e_out, out)
 
 
 @njit(cache=True, nogil=True)
-def _half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
-    """:func:`half_owner_step` on strided rows (one body for both layouts)."""
+def _bf16_owner_rows(received, e, has_e, feedback, bits, e_out, out):
+    return _bf16_owner_step(strided_rows(received), e, has_e, feedback, bits, e_out, out)
+
+
+@njit(cache=True, nogil=True)
+def _f16_owner_step(received, e, has_e, feedback, bits, e_out, out):
+    return _owner_blocks(received, False, e, has_e, feedback, bits, e_out, out)
+
+
+@njit(cache=True, nogil=True)
+def _bf16_owner_step(received, e, has_e, feedback, bits, e_out, out):
+    return _owner_blocks(received, True, e, has_e, feedback, bits, e_out, out)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _owner_blocks(received, bf16, e, has_e, feedback, bits, e_out, out):
+    """:func:`half_owner_step`'s loop, ``bf16`` a constant of its caller."""
     n = out.size
     acc = np.empty(BLOCK, dtype=np.float32)
     dec = np.empty(BLOCK, dtype=np.float32)
