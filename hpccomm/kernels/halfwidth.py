@@ -223,7 +223,7 @@ def half_owner_step(received, bf16, e, has_e, feedback, bits, e_out, out):
 
 
 # per format, a body on strided rows and a wrapper that hands it any rows as
-# strided (one body for both layouts): a process compiles its format's only
+# strided (one body for both layouts): a process compiles only its format's pair
 @njit(cache=True, nogil=True)
 def _f16_owner_rows(received, e, has_e, feedback, bits, e_out, out):
     return _f16_owner_step(strided_rows(received), e, has_e, feedback, bits, e_out, out)
